@@ -1,0 +1,145 @@
+"""Count sketch of d-dimensional vectors (thesis §2.3.2.5 and §4.1.1, eq. 4.1-4.4).
+
+Component ``l`` of the vector of id ``e`` lives in ``k`` cells, one per row ``j``, at address
+``h_j(e, l)`` with sign ``s_j(e, l)``. Reading averages (or takes the median of) ``s_j * C[j, h_j]``;
+writing adds ``s_j * delta`` to every one of the k cells, so that without collisions the mean
+estimate moves by exactly ``delta``. Several hash families (e.g. users and items, thesis §4.1.1) can
+share one sketch: each family has its own salts.
+
+The numba kernels below are module functions so that learners (``models/``) call them from
+inside their own compiled loops; they release the GIL.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from sketches.base import Sketch
+from sketches.hashing import address_sign, as_keys, salt_table
+
+ESTIMATORS = ("mean", "median")
+
+
+@njit(inline="always", cache=True)
+def locate(salts, key, width, addr, sign):
+    """Fill addr[j, l] and sign[j, l] for one key; salts has shape (k, d)."""
+    for j in range(salts.shape[0]):
+        for l in range(salts.shape[1]):
+            addr[j, l], sign[j, l] = address_sign(key, salts[j, l], width)
+
+
+@njit(inline="always", cache=True)
+def gather_mean(cells, addr, sign, out):
+    """out[l] = mean_j sign[j,l] * cells[j, addr[j,l]] (eq. 4.1/4.2)."""
+    k, d = addr.shape
+    for l in range(d):
+        acc = 0.0
+        for j in range(k):
+            acc += sign[j, l] * cells[j, addr[j, l]]
+        out[l] = acc / k
+
+
+@njit(inline="always", cache=True)
+def scatter_add(cells, addr, sign, delta):
+    """cells[j, addr[j,l]] += sign[j,l] * delta[l] for every row (eq. 4.3/4.4)."""
+    k, d = addr.shape
+    for l in range(d):
+        for j in range(k):
+            cells[j, addr[j, l]] += sign[j, l] * delta[l]
+
+
+@njit(nogil=True, cache=True)
+def _read_many(cells, salts, keys, median, out):
+    k, d = salts.shape
+    width = cells.shape[1]
+    addr = np.empty((k, d), dtype=np.int64)
+    sign = np.empty((k, d), dtype=np.float64)
+    vals = np.empty(k, dtype=np.float64)
+    for n in range(keys.shape[0]):
+        locate(salts, keys[n], width, addr, sign)
+        if median:
+            for l in range(d):
+                for j in range(k):
+                    vals[j] = sign[j, l] * cells[j, addr[j, l]]
+                out[n, l] = np.median(vals)
+        else:
+            gather_mean(cells, addr, sign, out[n])
+
+
+@njit(nogil=True, cache=True)
+def _update_many(cells, salts, keys, deltas):
+    k, d = salts.shape
+    width = cells.shape[1]
+    addr = np.empty((k, d), dtype=np.int64)
+    sign = np.empty((k, d), dtype=np.float64)
+    for n in range(keys.shape[0]):
+        locate(salts, keys[n], width, addr, sign)
+        scatter_add(cells, addr, sign, deltas[n])
+
+
+class CountSketch(Sketch):
+    """A ``depth x width`` float32 count sketch holding d-dimensional vectors per id.
+
+    >>> cs = CountSketch(width=1024, depth=4, dim=3, seed=1)
+    >>> cs.update("alice", [1.0, 2.0, 3.0])
+    >>> cs.read("alice").round(3).tolist()
+    [1.0, 2.0, 3.0]
+    """
+
+    kind = "CountSketch"
+
+    def __init__(self, width: int, depth: int, dim: int = 1, seed: int = 0):
+        if width < 1 or depth < 1 or dim < 1:
+            raise ValueError("width, depth and dim must be positive")
+        self.width, self.depth, self.dim, self.seed = int(width), int(depth), int(dim), int(seed)
+        self.cells = np.zeros((self.depth, self.width), dtype=np.float32)
+        self._salts: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def for_space_gain(cls, n_ids: int, dim: int, space_gain: float = 1.0, depth: int = 4,
+                       seed: int = 0) -> "CountSketch":
+        """Width from the space gain gamma (eq. 4.9): w = ceil(n_ids * d / (gamma * k))."""
+        return cls(width_for_space_gain(n_ids, dim, space_gain, depth), depth, dim, seed)
+
+    def params(self) -> dict:
+        return {"width": self.width, "depth": self.depth, "dim": self.dim, "seed": self.seed}
+
+    def salts(self, family: int = 0) -> np.ndarray:
+        """Salts of one hash family, shape (depth, dim)."""
+        table = self._salts.get(family)
+        if table is None:
+            table = self._salts[family] = salt_table(self.seed, family, self.depth, self.dim)
+        return table
+
+    def read_many(self, ids, family: int = 0, estimator: str = "mean") -> np.ndarray:
+        """Vectors of many ids (or uint64 keys), shape (n, dim), float64."""
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}")
+        keys = as_keys(ids)
+        out = np.empty((keys.shape[0], self.dim), dtype=np.float64)
+        _read_many(self.cells, self.salts(family), keys, estimator == "median", out)
+        return out
+
+    def update_many(self, ids, deltas, family: int = 0) -> None:
+        """Add deltas (shape (n, dim)) to the vectors of many ids, in order."""
+        keys = as_keys(ids)
+        deltas = np.ascontiguousarray(deltas, dtype=np.float64).reshape(keys.shape[0], self.dim)
+        _update_many(self.cells, self.salts(family), keys, deltas)
+
+    def read(self, item_id, family: int = 0, estimator: str = "mean") -> np.ndarray:
+        """The estimated vector of one id, shape (dim,)."""
+        return self.read_many([item_id], family, estimator)[0]
+
+    def update(self, item_id, delta, family: int = 0) -> None:
+        """Add a vector (or a scalar when dim == 1) to one id's vector."""
+        self.update_many([item_id], np.reshape(np.asarray(delta, dtype=np.float64), (1, self.dim)), family)
+
+
+def width_for_space_gain(n_ids: int, dim: int, space_gain: float, depth: int) -> int:
+    """Eq. 4.9: w = ceil((|U| + |I|) d / (gamma k)); at least 1."""
+    if space_gain <= 0:
+        raise ValueError("space_gain must be positive")
+    return max(1, math.ceil(n_ids * dim / (space_gain * depth)))

@@ -1,0 +1,133 @@
+"""Deterministic hashing of ids into 64-bit keys, and of keys into sketch addresses and signs.
+
+Every id (an int or a string) is turned into a 64-bit key by ONE MurmurHash3 call (x64, 128-bit,
+low half kept). Ints and their decimal strings are the same id (``5`` and ``"5"`` give the same key),
+because ids arrive as text from files and Kafka and as integers from numpy arrays.
+
+Row addresses and +/-1 signs are derived from the key inside numba with the splitmix64 finaliser,
+salted per (seed, family, row, component). Nothing here uses Python's salted ``hash()``, so keys,
+addresses and signs are identical across processes and machines.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Iterable
+
+import mmh3
+import numpy as np
+from numba import njit
+
+KEY_DTYPE = np.uint64
+_MASK64 = (1 << 64) - 1
+
+
+def id_bytes(item_id: Hashable) -> bytes:
+    """Canonical byte form of an id: ints (and numpy ints) as decimal text, strings as UTF-8."""
+    if isinstance(item_id, (bool, np.bool_)):
+        raise TypeError("booleans are not ids")
+    if isinstance(item_id, (int, np.integer)):
+        return str(int(item_id)).encode()
+    if isinstance(item_id, str):
+        return item_id.encode("utf-8")
+    if isinstance(item_id, bytes):
+        return item_id
+    raise TypeError(f"ids must be int or str, not {type(item_id).__name__}")
+
+
+def key_of(item_id: Hashable, seed: int = 0) -> int:
+    """The 64-bit key of one id (one mmh3 call)."""
+    low, _high = mmh3.hash64(id_bytes(item_id), seed, signed=False)
+    return low
+
+
+def keys_of(ids: Iterable[Hashable] | np.ndarray, seed: int = 0) -> np.ndarray:
+    """Keys of many ids as a uint64 array. Each distinct id is hashed once."""
+    arr = ids if isinstance(ids, np.ndarray) else np.asarray(list(ids), dtype=object)
+    if arr.size == 0:
+        return np.empty(0, dtype=KEY_DTYPE)
+    if arr.dtype.kind in "iu":
+        uniques, inverse = np.unique(arr, return_inverse=True)
+        table = np.fromiter((key_of(int(u), seed) for u in uniques), dtype=KEY_DTYPE, count=len(uniques))
+        return table[inverse.reshape(-1)]
+    cache: dict = {}
+    out = np.empty(arr.size, dtype=KEY_DTYPE)
+    for n, item_id in enumerate(arr.reshape(-1)):
+        key = cache.get(item_id)
+        if key is None:
+            key = cache[item_id] = key_of(item_id, seed)
+        out[n] = key
+    return out
+
+
+def salt_of(*parts: int) -> int:
+    """A 64-bit salt from small integers (seed, family, row, ...), via mmh3 so it is stable."""
+    text = ",".join(str(int(p)) for p in parts).encode()
+    return mmh3.hash64(text, 0x5EED, signed=False)[0]
+
+
+def salt_table(seed: int, family: int, rows: int, cols: int) -> np.ndarray:
+    """Salts for every (row, component) address of one hash family, shape (rows, cols)."""
+    table = np.empty((rows, cols), dtype=KEY_DTYPE)
+    for j in range(rows):
+        for c in range(cols):
+            table[j, c] = salt_of(seed, family, j, c)
+    return table
+
+
+# --- numba kernels -------------------------------------------------------------------------------
+# splitmix64's finaliser: a bijection on 64-bit words with full avalanche. All arithmetic stays in
+# uint64 (mixing in Python ints would make numba promote to float64).
+_C1 = np.uint64(0xBF58476D1CE4E5B9)
+_C2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_ONE = np.uint64(1)
+
+
+@njit(inline="always", cache=True)
+def mix64(z):
+    z = (z ^ (z >> _S30)) * _C1
+    z = (z ^ (z >> _S27)) * _C2
+    return z ^ (z >> _S31)
+
+
+@njit(inline="always", cache=True)
+def address_sign(key, salt, width):
+    """Cell address in [0, width) and sign (+1.0 / -1.0) of a key under one salt."""
+    h = mix64(key ^ salt)
+    sign = 1.0 if (h & _ONE) == _ONE else -1.0
+    return np.int64((h >> _ONE) % np.uint64(width)), sign
+
+
+@njit(inline="always", cache=True)
+def address(key, salt, width):
+    """Cell address in [0, width) of a key under one salt (no sign: count-min, Bloom)."""
+    return np.int64((mix64(key ^ salt) >> _ONE) % np.uint64(width))
+
+
+@njit(cache=True)
+def _pair_keys(a, b):
+    out = np.empty(a.shape[0], dtype=np.uint64)
+    rot = np.uint64(29)
+    for n in range(a.shape[0]):
+        out[n] = mix64(a[n] ^ ((b[n] << rot) | (b[n] >> np.uint64(35))) ^ np.uint64(0x9E3779B97F4A7C15))
+    return out
+
+
+def pair_keys(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Keys of ordered pairs (e.g. (user, item)) from the keys of their parts."""
+    a = np.ascontiguousarray(first, dtype=KEY_DTYPE)
+    b = np.ascontiguousarray(second, dtype=KEY_DTYPE)
+    if a.shape != b.shape:
+        raise ValueError("pair_keys needs arrays of the same shape")
+    return _pair_keys(a.reshape(-1), b.reshape(-1)).reshape(a.shape)
+
+
+def as_keys(ids_or_keys) -> np.ndarray:
+    """Accept either a uint64 key array (used as is) or ids of any kind (hashed)."""
+    if isinstance(ids_or_keys, np.ndarray) and ids_or_keys.dtype == KEY_DTYPE:
+        return np.ascontiguousarray(ids_or_keys)
+    if np.isscalar(ids_or_keys) or isinstance(ids_or_keys, (str, bytes)):
+        return np.array([key_of(ids_or_keys)], dtype=KEY_DTYPE)
+    return keys_of(ids_or_keys)
