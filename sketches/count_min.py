@@ -68,6 +68,8 @@ class CountMinSketch(Sketch):
             depth = depth or math.ceil(math.log(1 / delta))
         if width < 1 or depth < 1:
             raise ValueError("width and depth must be positive")
+        if width >= 2**32:
+            raise ValueError("width must be below 2**32 (addresses are 32-bit)")
         self.width, self.depth, self.seed = int(width), int(depth), int(seed)
         self.conservative = bool(conservative)
         self.cells = np.zeros((self.depth, self.width), dtype=np.int64)

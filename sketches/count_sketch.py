@@ -94,6 +94,8 @@ class CountSketch(Sketch):
     def __init__(self, width: int, depth: int, dim: int = 1, seed: int = 0):
         if width < 1 or depth < 1 or dim < 1:
             raise ValueError("width, depth and dim must be positive")
+        if width >= 2**32:
+            raise ValueError("width must be below 2**32 (addresses are 32-bit)")
         self.width, self.depth, self.dim, self.seed = int(width), int(depth), int(dim), int(seed)
         self.cells = np.zeros((self.depth, self.width), dtype=np.float32)
         self._salts: dict[int, np.ndarray] = {}

@@ -83,6 +83,7 @@ _S30 = np.uint64(30)
 _S27 = np.uint64(27)
 _S31 = np.uint64(31)
 _ONE = np.uint64(1)
+_S32 = np.uint64(32)
 
 
 @njit(inline="always", cache=True)
@@ -93,17 +94,23 @@ def mix64(z):
 
 
 @njit(inline="always", cache=True)
+def reduce32(h, width):
+    """Map the high 32 bits of h onto [0, width) by multiply-shift (Lemire), avoiding a division."""
+    return np.int64(((h >> _S32) * np.uint64(width)) >> _S32)
+
+
+@njit(inline="always", cache=True)
 def address_sign(key, salt, width):
-    """Cell address in [0, width) and sign (+1.0 / -1.0) of a key under one salt."""
+    """Cell address in [0, width) and sign (+1.0 / -1.0) of a key under one salt (width < 2**32)."""
     h = mix64(key ^ salt)
     sign = 1.0 if (h & _ONE) == _ONE else -1.0
-    return np.int64((h >> _ONE) % np.uint64(width)), sign
+    return reduce32(h, width), sign
 
 
 @njit(inline="always", cache=True)
 def address(key, salt, width):
     """Cell address in [0, width) of a key under one salt (no sign: count-min, Bloom)."""
-    return np.int64((mix64(key ^ salt) >> _ONE) % np.uint64(width))
+    return reduce32(mix64(key ^ salt), width)
 
 
 @njit(cache=True)
