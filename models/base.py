@@ -1,0 +1,131 @@
+"""What both factorization learners share: hyper-parameters, running statistics, the river Ranker
+interface on top of a batch interface on numpy arrays."""
+
+from __future__ import annotations
+
+import math
+from typing import Hashable, Iterable
+
+import numpy as np
+from river.reco.base import Ranker
+
+from models import kernels as K
+from sketches.hashing import as_keys, salt_table
+
+USER, ITEM = 0, 1  # hash families
+_INIT_FAMILY_OFFSET = 100  # salts of the start vectors, apart from the addressing families
+
+
+class FactorizationModel(Ranker):
+    """Biased matrix factorization learned online by SGD (or SGLD), one rating at a time.
+
+    Subclasses decide where the parameters live (``SketchMF``: one count sketch; ``DenseMF``:
+    growing per-id arrays) by implementing ``_learn_keys`` and ``_predict_keys``.
+
+    Parameters common to both: ``dim`` latent dimension d; ``lr`` learning rate eta with schedule
+    eta_t = eta / (1 + t / lr_schedule_T) over epochs t; ``reg`` and ``bias_reg`` the L2 weights;
+    ``init_std`` the std of the start vectors; ``sgld_temperature`` tau (None: plain SGD);
+    ``clip_loss`` epsilon of the thesis's data clipping (skip a rating when (r - r^)^2 > epsilon);
+    ``seed`` fixes hashing, start vectors and SGLD noise.
+    """
+
+    def __init__(self, dim: int = 32, lr: float = 0.01, reg: float = 0.05,
+                 bias_reg: float | None = None, init_std: float = 0.1, lr_schedule_T: float = 20.0,
+                 sgld_temperature: float | None = None, clip_loss: float | None = None,
+                 seed: int = 0):
+        super().__init__(seed=seed)
+        if dim < 1:
+            raise ValueError("dim must be positive")
+        if lr <= 0 or reg < 0 or init_std < 0 or lr_schedule_T <= 0:
+            raise ValueError("lr and lr_schedule_T must be positive; reg and init_std non-negative")
+        if sgld_temperature is not None and sgld_temperature < 0:
+            raise ValueError("sgld_temperature must be non-negative")
+        if clip_loss is not None and clip_loss <= 0:
+            raise ValueError("clip_loss must be positive")
+        self.dim, self.lr, self.reg = int(dim), float(lr), float(reg)
+        self.bias_reg = self.reg if bias_reg is None else float(bias_reg)
+        self.init_std, self.lr_schedule_T = float(init_std), float(lr_schedule_T)
+        self.sgld_temperature, self.clip_loss = sgld_temperature, clip_loss
+        self.stats = np.zeros(4, dtype=np.float64)        # count, sum, min, max of learned ratings
+        self.counters = np.zeros(2, dtype=np.int64)       # learned, skipped by loss clipping
+        self._init_salts = [salt_table(self.seed or 0, fam + _INIT_FAMILY_OFFSET, 1, self.dim)[0]
+                            for fam in (USER, ITEM)]
+        K.seed_numba(int(self.seed or 0))
+
+    # --- figures -----------------------------------------------------------------------------------
+    @property
+    def n_learned(self) -> int:
+        return int(self.counters[K.LEARNED])
+
+    @property
+    def n_skipped_clip(self) -> int:
+        return int(self.counters[K.SKIPPED_CLIP])
+
+    @property
+    def global_mean(self) -> float:
+        return float(self.stats[K.TOTAL] / self.stats[K.COUNT]) if self.stats[K.COUNT] else 0.0
+
+    @property
+    def rating_range(self) -> tuple[float, float] | None:
+        return (float(self.stats[K.RMIN]), float(self.stats[K.RMAX])) if self.stats[K.COUNT] else None
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+    def hyper(self, epoch: int = 0) -> np.ndarray:
+        """The kernels' hyper-parameter vector for one epoch (learning-rate schedule applied)."""
+        hp = np.empty(6, dtype=np.float64)
+        hp[K.LR] = self.lr / (1.0 + epoch / self.lr_schedule_T)
+        hp[K.REG], hp[K.BIAS_REG], hp[K.INIT_STD] = self.reg, self.bias_reg, self.init_std
+        hp[K.CLIP_LOSS] = math.inf if self.clip_loss is None else self.clip_loss
+        hp[K.SGLD_TAU] = 0.0 if self.sgld_temperature is None else self.sgld_temperature
+        return hp
+
+    # --- batch interface (numpy arrays; what the runtime uses) --------------------------------------
+    def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
+        """Learn ratings in order; return the prediction made for each just before it was learned.
+
+        ``users`` and ``items`` are ids (ints or strings) or uint64 keys from ``sketches.keys_of``.
+        """
+        ukeys, ikeys = as_keys(users), as_keys(items)
+        r = np.ascontiguousarray(ratings, dtype=np.float64).reshape(-1)
+        if not (ukeys.shape == ikeys.shape == r.shape):
+            raise ValueError("users, items and ratings must have the same length")
+        if not np.isfinite(r).all():
+            raise ValueError("ratings must be finite")
+        out = np.empty(r.shape[0], dtype=np.float64)
+        self._learn_keys(ukeys, ikeys, r, self.hyper(epoch), out)
+        return out
+
+    def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
+        """Predicted ratings for aligned arrays of users and items, clipped to the range seen
+        unless ``clip`` is False (scores for ranking)."""
+        ukeys, ikeys = as_keys(users), as_keys(items)
+        if ukeys.shape != ikeys.shape:
+            raise ValueError("users and items must have the same length")
+        out = np.empty(ukeys.shape[0], dtype=np.float64)
+        self._predict_keys(ukeys, ikeys, clip, out)
+        return out
+
+    def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
+        raise NotImplementedError
+
+    def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
+        raise NotImplementedError
+
+    # --- river's reco.base.Ranker interface ---------------------------------------------------------
+    def learn_one(self, user: Hashable, item: Hashable, y: float, x: dict | None = None) -> None:
+        self.learn_many([user], [item], [float(y)])
+
+    def predict_one(self, user: Hashable, item: Hashable, x: dict | None = None) -> float:
+        return float(self.predict_many([user], [item])[0])
+
+    def rank(self, user: Hashable, items: Iterable[Hashable], x: dict | None = None) -> list:
+        """Items by decreasing predicted rating for this user (scored in one batch)."""
+        items = list(items)
+        if not items:
+            return []
+        scores = self.predict_many(np.full(len(items), as_keys(user)[0], dtype=np.uint64), items,
+                                   clip=False)
+        return [items[n] for n in np.argsort(-scores, kind="stable")]

@@ -1,0 +1,242 @@
+"""Compiled SGD / SGLD loops for biased matrix factorization, on sketch storage and on dense arrays.
+
+Model (thesis eq. 2.7 with biases): r^ = mu + b_u + b_i + p_u . q_i. One rating's step, with
+e = r^ - r (the derivative of L = e^2 / 2):
+    p_u += -lr * (e * q_i + reg * p_u)            q_i += -lr * (e * p_u + reg * q_i)
+    b_u += -lr * (e + bias_reg * b_u)             b_i += -lr * (e + bias_reg * b_i)
+On a count sketch these deltas are written to each of the k cells with their signs (eq. 4.3/4.4).
+SGLD adds sqrt(lr) * N(0, tau) to each touched parameter (eq. 2.13/2.14); on a sketch each touched
+cell gets sqrt(k * lr * tau) * N(0, 1), so the mean of the k cells moves by exactly N(0, lr * tau).
+
+Latent vectors start from a deterministic hash-derived uniform draw (std ``init_std``) instead of
+stored random cells: the sketch holds only what was learned, a new id gets its own starting
+vector, and the dense and sketch learners start from identical points.
+
+The loops run sequentially (true SGD order) with the GIL released, so a concurrent reader can
+query the model while it learns; a reader may see a vector mid-update but never a NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from sketches.count_sketch import gather_mean, locate
+from sketches.hashing import mix64
+
+# positions in the hyper-parameter vector handed to the kernels
+LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU = range(6)
+# positions in the running-statistics vector: count, sum, min, max of learned ratings
+COUNT, TOTAL, RMIN, RMAX = range(4)
+# positions in the counters vector
+LEARNED, SKIPPED_CLIP = range(2)
+
+_S11 = np.uint64(11)
+_INV53 = 1.0 / 9007199254740992.0  # 2**-53
+
+
+@njit(inline="always", cache=True)
+def init_vector(key, init_salts, init_std, out):
+    """Deterministic uniform(-a, a) start vector of a key, std init_std."""
+    half_range = init_std * 1.7320508075688772  # sqrt(3): uniform std -> half range
+    for l in range(init_salts.shape[0]):
+        u = np.float64(mix64(key ^ init_salts[l]) >> _S11) * _INV53
+        out[l] = (2.0 * u - 1.0) * half_range
+
+
+@njit(cache=True)
+def init_rows(keys, init_salts, init_std):
+    out = np.empty((keys.shape[0], init_salts.shape[0]), dtype=np.float64)
+    for n in range(keys.shape[0]):
+        init_vector(keys[n], init_salts, init_std, out[n])
+    return out
+
+
+@njit(inline="always", cache=True)
+def mean_of(stats):
+    return stats[TOTAL] / stats[COUNT] if stats[COUNT] > 0 else 0.0
+
+
+@njit(inline="always", cache=True)
+def clip_to_range(pred, stats):
+    if stats[COUNT] > 0:
+        return min(max(pred, stats[RMIN]), stats[RMAX])
+    return pred
+
+
+@njit(inline="always", cache=True)
+def record_rating(stats, r):
+    if stats[COUNT] == 0:
+        stats[RMIN] = r
+        stats[RMAX] = r
+    else:
+        stats[RMIN] = min(stats[RMIN], r)
+        stats[RMAX] = max(stats[RMAX], r)
+    stats[COUNT] += 1
+    stats[TOTAL] += r
+
+
+@njit(inline="always", cache=True)
+def sgd_deltas(e, p, q, bu, bi, hp, dp, dq):
+    """Fill dp, dq with the latent steps; return the two bias steps."""
+    lr, reg = hp[LR], hp[REG]
+    for l in range(p.shape[0]):
+        dp[l] = -lr * (e * q[l] + reg * p[l])
+        dq[l] = -lr * (e * p[l] + reg * q[l])
+    return -lr * (e + hp[BIAS_REG] * bu), -lr * (e + hp[BIAS_REG] * bi)
+
+
+@njit(inline="always", cache=True)
+def scatter_noisy(cells, addr, sign, delta, noise_std):
+    k, d = addr.shape
+    for l in range(d):
+        for j in range(k):
+            step = sign[j, l] * delta[l]
+            if noise_std > 0.0:
+                step += noise_std * np.random.standard_normal()
+            cells[j, addr[j, l]] += step
+
+
+@njit(cache=True)
+def seed_numba(seed):
+    np.random.seed(seed)
+
+
+@njit(nogil=True, cache=True)
+def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
+                 ukeys, ikeys, ratings, hp, stats, counters, out_pred):
+    """Sequential SGD over a batch; out_pred[n] is the prediction made before rating n was learned."""
+    k, d = salts_u.shape
+    width, bwidth = cells.shape[1], bias_cells.shape[1]
+    au = np.empty((k, d), dtype=np.int64)
+    su = np.empty((k, d), dtype=np.float64)
+    ai = np.empty((k, d), dtype=np.int64)
+    si = np.empty((k, d), dtype=np.float64)
+    abu = np.empty((k, 1), dtype=np.int64)
+    sbu = np.empty((k, 1), dtype=np.float64)
+    abi = np.empty((k, 1), dtype=np.int64)
+    sbi = np.empty((k, 1), dtype=np.float64)
+    p = np.empty(d)
+    q = np.empty(d)
+    p0 = np.empty(d)
+    q0 = np.empty(d)
+    dp = np.empty(d)
+    dq = np.empty(d)
+    b = np.empty(1)
+    db = np.empty(1)
+    tau = hp[SGLD_TAU]
+    noise_std = np.sqrt(k * hp[LR] * tau) if tau > 0.0 else 0.0
+    for n in range(ukeys.shape[0]):
+        locate(salts_u, ukeys[n], width, au, su)
+        locate(salts_i, ikeys[n], width, ai, si)
+        locate(bsalts_u, ukeys[n], bwidth, abu, sbu)
+        locate(bsalts_i, ikeys[n], bwidth, abi, sbi)
+        gather_mean(cells, au, su, p)
+        gather_mean(cells, ai, si, q)
+        init_vector(ukeys[n], init_u, hp[INIT_STD], p0)
+        init_vector(ikeys[n], init_i, hp[INIT_STD], q0)
+        dot = 0.0
+        for l in range(d):
+            p[l] += p0[l]
+            q[l] += q0[l]
+            dot += p[l] * q[l]
+        gather_mean(bias_cells, abu, sbu, b)
+        bu = b[0]
+        gather_mean(bias_cells, abi, sbi, b)
+        bi = b[0]
+        pred = mean_of(stats) + bu + bi + dot
+        out_pred[n] = clip_to_range(pred, stats)
+        e = pred - ratings[n]
+        if e * e > hp[CLIP_LOSS]:  # thesis §4.2.1: skip ratings whose loss exceeds epsilon
+            counters[SKIPPED_CLIP] += 1
+            continue
+        dbu, dbi = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
+        scatter_noisy(cells, au, su, dp, noise_std)
+        scatter_noisy(cells, ai, si, dq, noise_std)
+        db[0] = dbu
+        scatter_noisy(bias_cells, abu, sbu, db, noise_std)
+        db[0] = dbi
+        scatter_noisy(bias_cells, abi, sbi, db, noise_std)
+        record_rating(stats, ratings[n])
+        counters[LEARNED] += 1
+
+
+@njit(nogil=True, cache=True)
+def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
+                   ukeys, ikeys, hp, stats, clip, out):
+    k, d = salts_u.shape
+    width, bwidth = cells.shape[1], bias_cells.shape[1]
+    addr = np.empty((k, d), dtype=np.int64)
+    sign = np.empty((k, d), dtype=np.float64)
+    baddr = np.empty((k, 1), dtype=np.int64)
+    bsign = np.empty((k, 1), dtype=np.float64)
+    p = np.empty(d)
+    q = np.empty(d)
+    p0 = np.empty(d)
+    q0 = np.empty(d)
+    b = np.empty(1)
+    mu = mean_of(stats)
+    for n in range(ukeys.shape[0]):
+        locate(salts_u, ukeys[n], width, addr, sign)
+        gather_mean(cells, addr, sign, p)
+        locate(salts_i, ikeys[n], width, addr, sign)
+        gather_mean(cells, addr, sign, q)
+        init_vector(ukeys[n], init_u, hp[INIT_STD], p0)
+        init_vector(ikeys[n], init_i, hp[INIT_STD], q0)
+        pred = mu
+        for l in range(d):
+            pred += (p[l] + p0[l]) * (q[l] + q0[l])
+        locate(bsalts_u, ukeys[n], bwidth, baddr, bsign)
+        gather_mean(bias_cells, baddr, bsign, b)
+        pred += b[0]
+        locate(bsalts_i, ikeys[n], bwidth, baddr, bsign)
+        gather_mean(bias_cells, baddr, bsign, b)
+        pred += b[0]
+        out[n] = clip_to_range(pred, stats) if clip else pred
+
+
+@njit(nogil=True, cache=True)
+def dense_learn(P, Q, bu_arr, bi_arr, uidx, iidx, ratings, hp, stats, counters, out_pred):
+    """The same SGD on ordinary per-id arrays (the regular-factorization baseline)."""
+    d = P.shape[1]
+    dp = np.empty(d)
+    dq = np.empty(d)
+    p = np.empty(d)
+    q = np.empty(d)
+    noise_std = np.sqrt(hp[LR] * hp[SGLD_TAU]) if hp[SGLD_TAU] > 0.0 else 0.0
+    for n in range(uidx.shape[0]):
+        u, i = uidx[n], iidx[n]
+        dot = 0.0
+        for l in range(d):
+            p[l] = P[u, l]
+            q[l] = Q[i, l]
+            dot += p[l] * q[l]
+        bu, bi = bu_arr[u], bi_arr[i]
+        pred = mean_of(stats) + bu + bi + dot
+        out_pred[n] = clip_to_range(pred, stats)
+        e = pred - ratings[n]
+        if e * e > hp[CLIP_LOSS]:
+            counters[SKIPPED_CLIP] += 1
+            continue
+        dbu, dbi = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
+        for l in range(d):
+            P[u, l] += dp[l] + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
+            Q[i, l] += dq[l] + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
+        bu_arr[u] += dbu + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
+        bi_arr[i] += dbi + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
+        record_rating(stats, ratings[n])
+        counters[LEARNED] += 1
+
+
+@njit(nogil=True, cache=True)
+def dense_predict(P, Q, bu_arr, bi_arr, uidx, iidx, u_start, i_start, stats, clip, out):
+    """Predictions; index -1 means an unknown id, which uses its start vector and zero bias."""
+    mu = mean_of(stats)
+    for n in range(uidx.shape[0]):
+        u, i = uidx[n], iidx[n]
+        pred = mu + (bu_arr[u] if u >= 0 else 0.0) + (bi_arr[i] if i >= 0 else 0.0)
+        for l in range(P.shape[1]):
+            pu = P[u, l] if u >= 0 else u_start[n, l]
+            qi = Q[i, l] if i >= 0 else i_start[n, l]
+            pred += pu * qi
+        out[n] = clip_to_range(pred, stats) if clip else pred

@@ -1,0 +1,70 @@
+"""Count-sketch matrix factorization (thesis contribution B1, §4.1)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from models import kernels as K
+from models.base import ITEM, USER, FactorizationModel
+from sketches.count_sketch import CountSketch, width_for_space_gain
+
+DEFAULT_WIDTH = 1 << 16
+
+
+class SketchMF(FactorizationModel):
+    """Biased MF whose user and item vectors live in ONE count sketch (two hash families).
+
+    Memory is fixed by (width, depth): ``depth x width`` float32 cells for the latent vectors plus
+    a ``depth x bias_width`` sketch (d = 1) for the user and item biases; it does not grow with the
+    number of users or items. Give ``width`` directly, or ``capacity`` (the number of distinct
+    users + items expected) and ``space_gain`` gamma, so that ``width = ceil(capacity d / (gamma k))``
+    (eq. 4.9; the bias sketch gets ``ceil(capacity / (gamma k))``). ``depth = 1`` is feature hashing.
+    """
+
+    def __init__(self, dim: int = 32, depth: int = 4, width: int | None = None,
+                 space_gain: float = 1.0, capacity: int | None = None, lr: float = 0.01,
+                 reg: float = 0.05, bias_reg: float | None = None, init_std: float = 0.1,
+                 lr_schedule_T: float = 20.0, sgld_temperature: float | None = None,
+                 clip_loss: float | None = None, seed: int = 0):
+        super().__init__(dim=dim, lr=lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
+                         lr_schedule_T=lr_schedule_T, sgld_temperature=sgld_temperature,
+                         clip_loss=clip_loss, seed=seed)
+        self.depth, self.space_gain, self.capacity = int(depth), float(space_gain), capacity
+        if width is not None:
+            bias_width = max(1, -(-int(width) // self.dim))
+        elif capacity is not None:
+            width = width_for_space_gain(capacity, self.dim, space_gain, self.depth)
+            bias_width = width_for_space_gain(capacity, 1, space_gain, self.depth)
+        else:
+            width, bias_width = DEFAULT_WIDTH, max(1, DEFAULT_WIDTH // self.dim)
+        self.width = int(width)
+        self.vectors = CountSketch(self.width, self.depth, self.dim, seed=self.seed or 0)
+        self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.vectors.nbytes + self.biases.nbytes + self.stats.nbytes + self.counters.nbytes
+
+    def _sketch_args(self):
+        return (self.vectors.cells, self.biases.cells, self.vectors.salts(USER),
+                self.vectors.salts(ITEM), self.biases.salts(USER), self.biases.salts(ITEM),
+                self._init_salts[USER], self._init_salts[ITEM])
+
+    def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
+        K.sketch_learn(*self._sketch_args(), ukeys, ikeys, ratings, hp, self.stats, self.counters, out)
+
+    def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
+        K.sketch_predict(*self._sketch_args(), ukeys, ikeys, self.hyper(), self.stats, clip, out)
+
+    def user_vectors(self, users) -> np.ndarray:
+        """Latent vectors of users as the model sees them (start vector + sketch estimate)."""
+        return self._vectors(users, USER)
+
+    def item_vectors(self, items) -> np.ndarray:
+        return self._vectors(items, ITEM)
+
+    def _vectors(self, ids, family: int) -> np.ndarray:
+        from sketches.hashing import as_keys
+        keys = as_keys(ids)
+        return (self.vectors.read_many(keys, family)
+                + K.init_rows(keys, self._init_salts[family], self.init_std))

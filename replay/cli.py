@@ -1,0 +1,241 @@
+"""The `replay` command (a ratings file, or the synthetic stream, replayed as a stream) and the
+`sketchrec` umbrella command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from replay.protocols import holdout, prequential
+from stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
+
+# Defaults tuned on ../shared/data/ml-100k (see README "Defaults").
+DEFAULTS = {"dim": 32, "depth": 4, "space_gain": 1.0, "lr": 0.01, "reg": 0.05, "init_std": 0.1}
+SYNTHETIC = {"ratings": 500_000, "users": 10_000, "items": 3_000}
+
+
+def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog, description="Replay a ratings file (or the built-in synthetic stream) as a stream "
+        "into an online recommender and report its accuracy and speed.")
+    ap.add_argument("path", nargs="?", help="ratings file: MovieLens ratings.csv, ml-100k u.data or "
+                    "ml-1m/10m ratings.dat (auto-detected); omitted: the synthetic stream")
+    ap.add_argument("--order", choices=("time", "file", "shuffle"), default="time")
+    ap.add_argument("--speed", default="max", help="'max', or X = multiple of real time (timestamps)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object of results")
+    ap.add_argument("--holdout", type=float, metavar="F", help="holdout protocol: test fraction F")
+    ap.add_argument("--epochs", type=int, default=20, help="epochs of the holdout protocol")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", choices=("sketch", "dense", "river"), default="sketch")
+    ap.add_argument("--dim", type=int, default=DEFAULTS["dim"], help="latent dimension d")
+    ap.add_argument("--depth", type=int, default=DEFAULTS["depth"], help="sketch rows k (1 = feature hashing)")
+    width = ap.add_mutually_exclusive_group()
+    width.add_argument("--space-gain", type=float, default=DEFAULTS["space_gain"],
+                       help="gamma: width = ceil((|U|+|I|) d / (gamma k)) (eq. 4.9)")
+    width.add_argument("--width", type=int, help="sketch width w, given directly")
+    ap.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate eta")
+    ap.add_argument("--reg", type=float, default=DEFAULTS["reg"], help="L2 regularisation lambda")
+    ap.add_argument("--init-std", type=float, default=DEFAULTS["init_std"])
+    ap.add_argument("--sgld", type=float, metavar="TAU", help="SGLD with temperature TAU")
+    ap.add_argument("--clip-loss", type=float, metavar="EPS",
+                    help="thesis data clipping: skip a rating when (r - r^)^2 > EPS")
+    ap.add_argument("--batch-size", type=int, default=10_000)
+    ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
+    ap.add_argument("--synthetic-users", type=int, default=SYNTHETIC["users"])
+    ap.add_argument("--synthetic-items", type=int, default=SYNTHETIC["items"])
+    return ap
+
+
+def make_model(args, capacity: int):
+    common = dict(dim=args.dim, lr=args.lr, reg=args.reg, init_std=args.init_std, seed=args.seed)
+    if args.model == "river":
+        from models.river_adapters import RiverBiasedMF
+        return RiverBiasedMF(**common)
+    extra = dict(sgld_temperature=args.sgld, clip_loss=args.clip_loss)
+    if args.model == "dense":
+        from models import DenseMF
+        return DenseMF(**common, **extra)
+    from models import SketchMF
+    return SketchMF(depth=args.depth, width=args.width, space_gain=args.space_gain,
+                    capacity=capacity, **common, **extra)
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as fh:
+            import os
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
+
+
+class _Display:
+    """A rich progress bar on stderr with live RMSE and ratings/s (or nothing when quiet)."""
+
+    def __init__(self, total: int, quiet: bool, label: str):
+        self.progress = None
+        if not quiet:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("RMSE {task.fields[rmse]:.4f}"),
+                                     TextColumn("{task.fields[rate]:,.0f} ratings/s"), TimeElapsedColumn(),
+                                     console=Console(stderr=True), transient=False)
+            self.task = self.progress.add_task(label, total=total, rmse=float("nan"), rate=0.0)
+
+    def __enter__(self):
+        if self.progress:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.progress.stop()
+
+    def __call__(self, done: int, rmse: float, rate: float) -> None:
+        if self.progress:
+            self.progress.update(self.task, completed=done, rmse=rmse, rate=rate)
+
+
+def _capacity(data: Ratings) -> int:
+    return len(np.unique(data.users)) + len(np.unique(data.items))
+
+
+def run(args) -> dict:
+    speed = None if args.speed == "max" else float(args.speed)
+    if speed is not None and speed <= 0:
+        raise SystemExit("replay: --speed must be 'max' or a positive number")
+    report = ParseReport()
+    rss = []
+    if args.path:
+        data, report = read_ratings(args.path)
+        if len(data) == 0:
+            raise SystemExit(f"replay: no valid ratings in {args.path}")
+        data = order_ratings(data, args.order, args.seed)
+        capacity, total, source = _capacity(data), len(data), str(args.path)
+        batches = data.batches(args.batch_size if speed is None else 100)
+    else:
+        synth = SyntheticStream(args.synthetic_ratings, args.synthetic_users, args.synthetic_items,
+                                seed=args.seed)
+        capacity, total, source = synth.n_users + synth.n_items, synth.n_ratings, "synthetic"
+        data = None
+        batches = synth.batches(args.batch_size)
+    model = make_model(args, capacity)
+    every = 1_000_000
+
+    def sampled(stream):
+        seen = 0
+        for batch in stream:
+            yield batch
+            before, seen = seen, seen + len(batch)
+            if seen // every > before // every or seen == total:
+                rss.append((seen, round(_rss_mb(), 1)))
+
+    if args.holdout is not None:
+        if data is None:
+            data = Ratings.concat(list(batches))
+        with _Display(args.epochs * int(round(len(data) * (1 - args.holdout))), args.quiet,
+                      f"{args.model} holdout") as show:
+            result = holdout(model, data, args.holdout, args.epochs, args.seed, args.batch_size, show)
+    else:
+        with _Display(total, args.quiet, f"{args.model} prequential") as show:
+            result = prequential(model, sampled(batches), show, speed)
+    result.update({
+        "model": args.model, "source": source, "order": args.order,
+        "skipped": dict(report.skipped), "skipped_total": report.n_skipped,
+        "skipped_examples": [{"line": n, "reason": r, "text": t} for n, r, t in report.examples],
+        "model_bytes": int(model.nbytes), "rss_mb": round(_rss_mb(), 1), "rss_samples": rss,
+        "params": {"dim": args.dim, "lr": args.lr, "reg": args.reg, "init_std": args.init_std,
+                   "seed": args.seed, "capacity": capacity,
+                   **({"depth": args.depth, "width": model.width, "space_gain": args.space_gain}
+                      if args.model == "sketch" else {}),
+                   **({"sgld": args.sgld, "clip_loss": args.clip_loss,
+                       "skipped_by_clip_loss": model.n_skipped_clip} if args.model != "river" else {})},
+    })
+    return result
+
+
+def summary(result: dict) -> str:
+    p = result["params"]
+    lines = [
+        f"sketchrec replay — {result['source']} ({result['protocol']}, model={result['model']})",
+        f"  ratings learned   {result['ratings']:,}"
+        + (f"  (train {result['train']:,} / test {result['test']:,}, {result['epochs']} epochs)"
+           if result["protocol"] == "holdout" else f"  (order: {result['order']})"),
+        f"  RMSE / MAE        {result['rmse']:.4f} / {result['mae']:.4f}",
+        f"  time              {result['seconds']:.2f} s  ({result['throughput_per_s']:,.0f} ratings/s)",
+        f"  model memory      {result['model_bytes'] / 1e6:.2f} MB  (process RSS {result['rss_mb']:.0f} MB)",
+        f"  parameters        d={p['dim']} lr={p['lr']} reg={p['reg']}"
+        + (f" k={p['depth']} w={p['width']} gamma={p['space_gain']}" if "depth" in p else ""),
+    ]
+    if result["skipped_total"]:
+        lines.append(f"  malformed lines   {result['skipped_total']:,} set aside: "
+                     + ", ".join(f"{r}: {c}" for r, c in result["skipped"].items()))
+        lines += [f"    line {e['line']}: {e['reason']}: {e['text']!r}" for e in result["skipped_examples"]]
+    return "\n".join(lines)
+
+
+def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
+    args = build_parser(prog).parse_args(argv)
+    if args.path and not Path(args.path).is_file():
+        print(f"{prog}: no such file: {args.path}", file=sys.stderr)
+        return 2
+    result = run(args)
+    print(summary(result))
+    if args.json:
+        print(json.dumps(result, default=float))
+    return 0
+
+
+def experiment_main(argv: list[str] | None = None) -> int:
+    from replay.experiments import registry
+    ap = argparse.ArgumentParser(prog="sketchrec experiment", description="Run a reproducible experiment.")
+    ap.add_argument("name", nargs="?", help="experiment name (see --list)")
+    ap.add_argument("--list", action="store_true", help="list the experiments")
+    ap.add_argument("--data", type=Path, help="data path, where the experiment takes one")
+    ap.add_argument("--out", type=Path, default=Path("out"), help="output directory")
+    ap.add_argument("--quick", action="store_true", help="reduced grid (for tests)")
+    args = ap.parse_args(argv)
+    experiments = registry()
+    if args.list or not args.name:
+        for name, mod in experiments.items():
+            print(f"{name:20s} {mod.DESCRIPTION}")
+        return 0
+    if args.name not in experiments:
+        print(f"sketchrec experiment: unknown experiment {args.name!r}; see --list", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    experiments[args.name].run(args.data, args.out, args.quick)
+    print(f"{args.name}: wrote {args.out} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+COMMANDS = {
+    "replay": ("replay a ratings file or the synthetic stream into the learner",
+               lambda argv: replay_main(argv, prog="sketchrec replay")),
+    "experiment": ("run a reproducible experiment (figures, tables, JSON)", experiment_main),
+}
+
+
+def sketchrec_main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="sketchrec", description="Privacy-aware streaming recommender "
+                                 "with count-sketch matrix factorization.")
+    ap.add_argument("command", choices=sorted(COMMANDS), help="; ".join(
+        f"{name}: {desc}" for name, (desc, _) in sorted(COMMANDS.items())))
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="the command's own arguments (see COMMAND --help)")
+    if not argv or argv[0] in ("-h", "--help"):
+        ap.print_help()
+        return 0
+    ns = ap.parse_args(argv[:1])
+    return COMMANDS[ns.command][1](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(sketchrec_main())

@@ -1,0 +1,103 @@
+"""Evaluation protocols over a rating stream.
+
+- prequential (thesis §4.1.5.4, the dynamic setting): each rating is predicted, then learned, in
+  one pass; RMSE/MAE are over those predictions.
+- holdout (thesis §4.1.5.1 style): a seeded random split, E epochs over the training part
+  (shuffled each epoch, eta_t = eta / (1 + t / T)), RMSE/MAE on the held-out part.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+
+from stream.sources import Ratings
+
+Progress = Callable[[int, float, float], None]  # (ratings so far, running RMSE, ratings/s)
+
+
+@dataclass
+class ErrorStats:
+    """Running squared/absolute error sums."""
+
+    n: int = 0
+    sq: float = 0.0
+    abs: float = 0.0
+
+    def add(self, predictions: np.ndarray, truth: np.ndarray) -> None:
+        err = predictions - truth
+        self.n += err.shape[0]
+        self.sq += float(err @ err)
+        self.abs += float(np.abs(err).sum())
+
+    @property
+    def rmse(self) -> float:
+        return float(np.sqrt(self.sq / self.n)) if self.n else float("nan")
+
+    @property
+    def mae(self) -> float:
+        return self.abs / self.n if self.n else float("nan")
+
+
+def _pace(batch: Ratings, t0_stream: int | None, t0_wall: float, speed: float | None) -> int | None:
+    """Sleep until the batch's first timestamp is due at `speed` times real time."""
+    if speed is None or len(batch) == 0:
+        return t0_stream
+    if t0_stream is None:
+        return int(batch.timestamps[0])
+    due = t0_wall + (int(batch.timestamps[0]) - t0_stream) / speed
+    delay = due - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+    return t0_stream
+
+
+def prequential(model, batches: Iterable[Ratings], progress: Progress | None = None,
+                speed: float | None = None) -> dict:
+    """Predict-then-learn over the stream, one pass."""
+    errors = ErrorStats()
+    t0 = time.perf_counter()
+    t0_stream = None
+    for batch in batches:
+        t0_stream = _pace(batch, t0_stream, t0, speed)
+        predictions = model.learn_many(batch.users, batch.items, batch.ratings)
+        errors.add(predictions, batch.ratings)
+        if progress:
+            progress(errors.n, errors.rmse, errors.n / max(time.perf_counter() - t0, 1e-9))
+    seconds = time.perf_counter() - t0
+    return {"protocol": "prequential", "ratings": errors.n, "rmse": errors.rmse, "mae": errors.mae,
+            "seconds": seconds, "throughput_per_s": errors.n / max(seconds, 1e-9)}
+
+
+def split_holdout(ratings: Ratings, fraction: float, seed: int) -> tuple[Ratings, Ratings]:
+    if not 0 < fraction < 1:
+        raise ValueError("holdout fraction must lie in (0, 1)")
+    perm = np.random.default_rng(seed).permutation(len(ratings))
+    n_test = int(round(fraction * len(ratings)))
+    return ratings.take(np.sort(perm[n_test:])), ratings.take(np.sort(perm[:n_test]))
+
+
+def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
+            batch_size: int = 10_000, progress: Progress | None = None) -> dict:
+    """Train `epochs` passes on a random (1 - fraction) split, report errors on the rest."""
+    train, test = split_holdout(ratings, fraction, seed)
+    rng = np.random.default_rng(seed + 1)
+    t0 = time.perf_counter()
+    learned = 0
+    for epoch in range(epochs):
+        for batch in train.take(rng.permutation(len(train))).batches(batch_size):
+            model.learn_many(batch.users, batch.items, batch.ratings, epoch=epoch)
+            learned += len(batch)
+        if progress:
+            fit = ErrorStats()
+            fit.add(model.predict_many(test.users, test.items), test.ratings)
+            progress(learned, fit.rmse, learned / max(time.perf_counter() - t0, 1e-9))
+    seconds = time.perf_counter() - t0
+    errors = ErrorStats()
+    errors.add(model.predict_many(test.users, test.items), test.ratings)
+    return {"protocol": "holdout", "ratings": learned, "train": len(train), "test": len(test),
+            "epochs": epochs, "holdout": fraction, "rmse": errors.rmse, "mae": errors.mae,
+            "seconds": seconds, "throughput_per_s": learned / max(seconds, 1e-9)}
