@@ -27,7 +27,7 @@ class RiverBiasedMF:
         lr = self.lr / (1.0 + epoch / self.lr_schedule_T)
         for opt in (self.model.u_bias_optimizer, self.model.i_bias_optimizer,
                     self.model.u_latent_optimizer, self.model.i_latent_optimizer):
-            opt.lr = lr
+            opt.lr = optim.schedulers.Constant(lr)
 
     def _clip(self, value: float) -> float:
         return min(max(value, self.low), self.high) if self.n_learned else value
