@@ -44,8 +44,8 @@ class DenseMF(FactorizationModel):
     exactly what this one does (same start vectors, same SGD order).
     """
 
-    def __init__(self, dim: int = 32, lr: float = 0.01, reg: float = 0.05,
-                 bias_reg: float | None = None, init_std: float = 0.1, lr_schedule_T: float = 20.0,
+    def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.1,
+                 bias_reg: float | None = 0.05, init_std: float = 0.05, lr_schedule_T: float = 20.0,
                  sgld_temperature: float | None = None, clip_loss: float | None = None,
                  seed: int = 0):
         super().__init__(dim=dim, lr=lr, reg=reg, bias_reg=bias_reg, init_std=init_std,

@@ -13,7 +13,7 @@ class RiverBiasedMF:
     Predictions are clipped to the rating range seen, as ours are, so errors compare fairly.
     """
 
-    def __init__(self, dim: int = 32, lr: float = 0.01, reg: float = 0.05, init_std: float = 0.1,
+    def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.1, init_std: float = 0.05,
                  lr_schedule_T: float = 20.0, seed: int = 0):
         self.lr, self.lr_schedule_T = lr, lr_schedule_T
         self.model = reco.BiasedMF(

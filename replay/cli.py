@@ -15,7 +15,8 @@ from replay.protocols import holdout, prequential
 from stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
 
 # Defaults tuned on ../shared/data/ml-100k (see README "Defaults").
-DEFAULTS = {"dim": 32, "depth": 4, "space_gain": 1.0, "lr": 0.01, "reg": 0.05, "init_std": 0.1}
+DEFAULTS = {"dim": 64, "depth": 4, "space_gain": 1.0, "lr": 0.03, "reg": 0.1, "bias_reg": 0.05,
+            "init_std": 0.05}
 SYNTHETIC = {"ratings": 500_000, "users": 10_000, "items": 3_000}
 
 
@@ -41,7 +42,8 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     width.add_argument("--width", type=int, help="sketch width w, given directly")
     ap.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate eta")
     ap.add_argument("--reg", type=float, default=DEFAULTS["reg"], help="L2 regularisation lambda")
-    ap.add_argument("--init-std", type=float, default=DEFAULTS["init_std"])
+    ap.add_argument("--bias-reg", type=float, default=DEFAULTS["bias_reg"], help="L2 weight of the biases")
+    ap.add_argument("--init-std", type=float, default=DEFAULTS["init_std"], help="std of start vectors")
     ap.add_argument("--sgld", type=float, metavar="TAU", help="SGLD with temperature TAU")
     ap.add_argument("--clip-loss", type=float, metavar="EPS",
                     help="thesis data clipping: skip a rating when (r - r^)^2 > EPS")
@@ -57,7 +59,7 @@ def make_model(args, capacity: int):
     if args.model == "river":
         from models.river_adapters import RiverBiasedMF
         return RiverBiasedMF(**common)
-    extra = dict(sgld_temperature=args.sgld, clip_loss=args.clip_loss)
+    extra = dict(bias_reg=args.bias_reg, sgld_temperature=args.sgld, clip_loss=args.clip_loss)
     if args.model == "dense":
         from models import DenseMF
         return DenseMF(**common, **extra)
@@ -117,7 +119,8 @@ def run(args) -> dict:
         data, report = read_ratings(args.path)
         if len(data) == 0:
             raise SystemExit(f"replay: no valid ratings in {args.path}")
-        data = order_ratings(data, args.order, args.seed)
+        if args.holdout is None:  # a holdout split depends on the data set and seed only
+            data = order_ratings(data, args.order, args.seed)
         capacity, total, source = _capacity(data), len(data), str(args.path)
         batches = data.batches(args.batch_size if speed is None else 100)
     else:
@@ -151,7 +154,8 @@ def run(args) -> dict:
         "skipped": dict(report.skipped), "skipped_total": report.n_skipped,
         "skipped_examples": [{"line": n, "reason": r, "text": t} for n, r, t in report.examples],
         "model_bytes": int(model.nbytes), "rss_mb": round(_rss_mb(), 1), "rss_samples": rss,
-        "params": {"dim": args.dim, "lr": args.lr, "reg": args.reg, "init_std": args.init_std,
+        "params": {"dim": args.dim, "lr": args.lr, "reg": args.reg, "bias_reg": args.bias_reg,
+                   "init_std": args.init_std,
                    "seed": args.seed, "capacity": capacity,
                    **({"depth": args.depth, "width": model.width, "space_gain": args.space_gain}
                       if args.model == "sketch" else {}),

@@ -66,14 +66,14 @@ def test_sketch_memory_is_fixed_while_dense_grows():
         batch = SyntheticStream(n_ratings=20_000, n_users=50_000, n_items=5_000, seed=seed).all()
         sketch.learn_many(batch.users + seed * 10**6, batch.items, batch.ratings)
         dense.learn_many(batch.users + seed * 10**6, batch.items, batch.ratings)
-    assert sketch.nbytes == before == (4 * 4096 + 4 * 512) * 4 + 48  # cells + stats + counters
+    assert sketch.nbytes == before == (4 * 4096 + 4 * 2048) * 4 + 48  # cells + stats + counters
     assert dense.nbytes > 10 * before
 
 
 def test_space_gain_sets_width():
     model = SketchMF(dim=32, depth=4, space_gain=2.0, capacity=2625)
     assert model.width == int(np.ceil(2625 * 32 / (2.0 * 4)))
-    assert model.biases.width == int(np.ceil(2625 / (2.0 * 4)))
+    assert model.biases.width == int(np.ceil(model.width * 4 / 32))  # ~ capacity / gamma
 
 
 def test_loss_clipping_skips_large_losses_and_leaves_model_untouched():
