@@ -15,10 +15,12 @@ class RiverBiasedMF:
 
     def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.1, init_std: float = 0.05,
                  lr_schedule_T: float = 20.0, seed: int = 0):
-        self.lr, self.lr_schedule_T = lr, lr_schedule_T
+        # river's squared loss has gradient 2 (y^ - y) while ours is (y^ - y): river's step
+        # lr_r * (2 e q + l2 w) equals ours, lr * (e q + reg w), at lr_r = lr / 2 and l2 = 2 reg.
+        self.lr, self.lr_schedule_T = lr / 2, lr_schedule_T
         self.model = reco.BiasedMF(
-            n_factors=dim, bias_optimizer=optim.SGD(lr), latent_optimizer=optim.SGD(lr),
-            l2_bias=reg, l2_latent=reg,
+            n_factors=dim, bias_optimizer=optim.SGD(lr / 2), latent_optimizer=optim.SGD(lr / 2),
+            l2_bias=2 * reg, l2_latent=2 * reg,
             latent_initializer=optim.initializers.Normal(mu=0.0, sigma=init_std, seed=seed), seed=seed)
         self.low, self.high = np.inf, -np.inf
         self.n_learned = 0

@@ -18,17 +18,30 @@ import numpy as np
 from numba import njit
 
 from sketches.base import Sketch
-from sketches.hashing import address_sign, as_keys, salt_table
+from sketches.hashing import as_keys, mix64, reduce32, salt_table
 
 ESTIMATORS = ("mean", "median")
 
 
+_ONE = np.uint64(1)
+_S31 = np.uint64(31)
+
+
 @njit(inline="always", cache=True)
 def locate(salts, key, width, addr, sign):
-    """Fill addr[j, l] and sign[j, l] for one key; salts has shape (k, d)."""
+    """Fill addr[j, l] and sign[j, l] for one key; salts has shape (k, d).
+
+    One full mix per (key, row); each component then takes multiply-shift hashing of that row hash
+    with its own odd multiplier (salts[j, l] | 1): the address from the product's top 32 bits
+    (Dietzfelbinger's 2-universal family), the sign from bit 31. This is what makes the learner's
+    2kd address computations per rating cheap.
+    """
     for j in range(salts.shape[0]):
+        row_hash = mix64(key ^ salts[j, 0])
         for l in range(salts.shape[1]):
-            addr[j, l], sign[j, l] = address_sign(key, salts[j, l], width)
+            h = row_hash * (salts[j, l] | _ONE)
+            addr[j, l] = reduce32(h, width)
+            sign[j, l] = 1.0 if (h >> _S31) & _ONE else -1.0
 
 
 @njit(inline="always", cache=True)
