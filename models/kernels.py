@@ -102,12 +102,38 @@ def seed_numba(seed):
     np.random.seed(seed)
 
 
+@njit(inline="always", cache=True)
+def dot(a, b):
+    """Plain loop: numba's np.dot needs SciPy's BLAS, which is not a runtime dependency."""
+    acc = 0.0
+    for l in range(a.shape[0]):
+        acc += a[l] * b[l]
+    return acc
+
+
+@njit(inline="always", cache=True)
+def read_factor(cells, salts, init_salts, key, init_std, addr, sign, out, start):
+    """Locate a key's cells (kept in addr/sign for the write-back) and read its full latent
+    vector: the sketch estimate plus the key's start vector."""
+    locate(salts, key, cells.shape[1], addr, sign)
+    gather_mean(cells, addr, sign, out)
+    init_vector(key, init_salts, init_std, start)
+    for l in range(out.shape[0]):
+        out[l] += start[l]
+
+
+@njit(inline="always", cache=True)
+def read_bias(bias_cells, salts, key, addr, sign, scratch):
+    locate(salts, key, bias_cells.shape[1], addr, sign)
+    gather_mean(bias_cells, addr, sign, scratch)
+    return scratch[0]
+
+
 @njit(nogil=True, cache=True)
 def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
                  ukeys, ikeys, ratings, hp, stats, counters, out_pred):
     """Sequential SGD over a batch; out_pred[n] is the prediction made before rating n was learned."""
     k, d = salts_u.shape
-    width, bwidth = cells.shape[1], bias_cells.shape[1]
     au = np.empty((k, d), dtype=np.int64)
     su = np.empty((k, d), dtype=np.float64)
     ai = np.empty((k, d), dtype=np.int64)
@@ -127,24 +153,11 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
     tau = hp[SGLD_TAU]
     noise_std = np.sqrt(k * hp[LR] * tau) if tau > 0.0 else 0.0
     for n in range(ukeys.shape[0]):
-        locate(salts_u, ukeys[n], width, au, su)
-        locate(salts_i, ikeys[n], width, ai, si)
-        locate(bsalts_u, ukeys[n], bwidth, abu, sbu)
-        locate(bsalts_i, ikeys[n], bwidth, abi, sbi)
-        gather_mean(cells, au, su, p)
-        gather_mean(cells, ai, si, q)
-        init_vector(ukeys[n], init_u, hp[INIT_STD], p0)
-        init_vector(ikeys[n], init_i, hp[INIT_STD], q0)
-        dot = 0.0
-        for l in range(d):
-            p[l] += p0[l]
-            q[l] += q0[l]
-            dot += p[l] * q[l]
-        gather_mean(bias_cells, abu, sbu, b)
-        bu = b[0]
-        gather_mean(bias_cells, abi, sbi, b)
-        bi = b[0]
-        pred = mean_of(stats) + bu + bi + dot
+        read_factor(cells, salts_u, init_u, ukeys[n], hp[INIT_STD], au, su, p, p0)
+        read_factor(cells, salts_i, init_i, ikeys[n], hp[INIT_STD], ai, si, q, q0)
+        bu = read_bias(bias_cells, bsalts_u, ukeys[n], abu, sbu, b)
+        bi = read_bias(bias_cells, bsalts_i, ikeys[n], abi, sbi, b)
+        pred = mean_of(stats) + bu + bi + dot(p, q)
         out_pred[n] = clip_to_range(pred, stats)
         e = pred - ratings[n]
         if e * e > hp[CLIP_LOSS]:  # thesis §4.2.1: skip ratings whose loss exceeds epsilon
@@ -165,33 +178,20 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
 def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
                    ukeys, ikeys, hp, stats, clip, out):
     k, d = salts_u.shape
-    width, bwidth = cells.shape[1], bias_cells.shape[1]
     addr = np.empty((k, d), dtype=np.int64)
     sign = np.empty((k, d), dtype=np.float64)
     baddr = np.empty((k, 1), dtype=np.int64)
     bsign = np.empty((k, 1), dtype=np.float64)
     p = np.empty(d)
     q = np.empty(d)
-    p0 = np.empty(d)
-    q0 = np.empty(d)
+    start = np.empty(d)
     b = np.empty(1)
     mu = mean_of(stats)
     for n in range(ukeys.shape[0]):
-        locate(salts_u, ukeys[n], width, addr, sign)
-        gather_mean(cells, addr, sign, p)
-        locate(salts_i, ikeys[n], width, addr, sign)
-        gather_mean(cells, addr, sign, q)
-        init_vector(ukeys[n], init_u, hp[INIT_STD], p0)
-        init_vector(ikeys[n], init_i, hp[INIT_STD], q0)
-        pred = mu
-        for l in range(d):
-            pred += (p[l] + p0[l]) * (q[l] + q0[l])
-        locate(bsalts_u, ukeys[n], bwidth, baddr, bsign)
-        gather_mean(bias_cells, baddr, bsign, b)
-        pred += b[0]
-        locate(bsalts_i, ikeys[n], bwidth, baddr, bsign)
-        gather_mean(bias_cells, baddr, bsign, b)
-        pred += b[0]
+        read_factor(cells, salts_u, init_u, ukeys[n], hp[INIT_STD], addr, sign, p, start)
+        read_factor(cells, salts_i, init_i, ikeys[n], hp[INIT_STD], addr, sign, q, start)
+        pred = (mu + dot(p, q) + read_bias(bias_cells, bsalts_u, ukeys[n], baddr, bsign, b)
+                + read_bias(bias_cells, bsalts_i, ikeys[n], baddr, bsign, b))
         out[n] = clip_to_range(pred, stats) if clip else pred
 
 
