@@ -32,15 +32,21 @@ COUNT, TOTAL, RMIN, RMAX = range(4)
 LEARNED, SKIPPED_CLIP = range(2)
 
 _S11 = np.uint64(11)
+_ONE = np.uint64(1)
 _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
 
 @njit(inline="always", cache=True)
 def init_vector(key, init_salts, init_std, out):
-    """Deterministic uniform(-a, a) start vector of a key, std init_std."""
+    """Deterministic uniform(-a, a) start vector of a key, std init_std.
+
+    One full mix of the key, then a multiply by each component's odd salt; the product's top 53
+    bits give the uniform draw (cheap, and independent enough across components for a start point).
+    """
     half_range = init_std * 1.7320508075688772  # sqrt(3): uniform std -> half range
+    mixed = mix64(key ^ init_salts[0])
     for l in range(init_salts.shape[0]):
-        u = np.float64(mix64(key ^ init_salts[l]) >> _S11) * _INV53
+        u = np.float64((mixed * (init_salts[l] | _ONE)) >> _S11) * _INV53
         out[l] = (2.0 * u - 1.0) * half_range
 
 
