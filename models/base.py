@@ -10,6 +10,7 @@ import numpy as np
 from river.reco.base import Ranker
 
 from models import kernels as K
+from sketches import serial
 from sketches.hashing import as_keys, salt_table
 
 USER, ITEM = 0, 1  # hash families
@@ -81,6 +82,36 @@ class FactorizationModel(Ranker):
         hp[K.CLIP_LOSS] = math.inf if self.clip_loss is None else self.clip_loss
         hp[K.SGLD_TAU] = 0.0 if self.sgld_temperature is None else self.sgld_temperature
         return hp
+
+    # --- state <-> bytes (checkpoints) ---------------------------------------------------------------
+    def params(self) -> dict:
+        """Constructor arguments that rebuild an empty model of the same shape."""
+        raise NotImplementedError
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def to_bytes(self) -> bytes:
+        """The whole learned state, bit-exact (see ``sketches.serial``)."""
+        return serial.pack(type(self).__name__, self.params(),
+                           {"stats": self.stats, "counters": self.counters, **self._state_arrays()})
+
+    @classmethod
+    def from_bytes(cls, blob: bytes):
+        params, arrays = serial.unpack(blob, cls.__name__)
+        model = cls(**params)
+        model.stats, model.counters = arrays.pop("stats"), arrays.pop("counters")
+        model._load_state_arrays(arrays)
+        return model
+
+    def _common_params(self) -> dict:
+        return {"dim": self.dim, "lr": self.lr, "reg": self.reg, "bias_reg": self.bias_reg,
+                "init_std": self.init_std, "lr_schedule_T": self.lr_schedule_T,
+                "sgld_temperature": self.sgld_temperature, "clip_loss": self.clip_loss,
+                "seed": self.seed}
 
     # --- batch interface (numpy arrays; what the runtime uses) --------------------------------------
     def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:

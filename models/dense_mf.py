@@ -53,6 +53,25 @@ class DenseMF(FactorizationModel):
                          clip_loss=clip_loss, seed=seed)
         self._tables = (_IdTable(self.dim), _IdTable(self.dim))
 
+    def params(self) -> dict:
+        return self._common_params()
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, table in zip(("users", "items"), self._tables):
+            n = len(table.index)
+            out[f"{name}_keys"] = np.fromiter(table.index, dtype=np.uint64, count=n)
+            out[f"{name}_rows"] = np.fromiter(table.index.values(), dtype=np.int64, count=n)
+            out[f"{name}_vectors"], out[f"{name}_biases"] = table.vectors[:n], table.biases[:n]
+        return out
+
+    def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        for name, table in zip(("users", "items"), self._tables):
+            table.index = dict(zip(arrays[f"{name}_keys"].tolist(), arrays[f"{name}_rows"].tolist()))
+            table.vectors = arrays[f"{name}_vectors"].copy()
+            table.biases = arrays[f"{name}_biases"].copy()
+            table._grow(len(table.index) + 1)
+
     @property
     def n_users(self) -> int:
         return len(self._tables[USER].index)

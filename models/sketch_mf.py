@@ -43,6 +43,18 @@ class SketchMF(FactorizationModel):
         self.vectors = CountSketch(self.width, self.depth, self.dim, seed=self.seed or 0)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
 
+    def params(self) -> dict:
+        return {**self._common_params(), "depth": self.depth, "width": self.width,
+                "space_gain": self.space_gain, "capacity": self.capacity}
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        return {"vectors": self.vectors.cells, "biases": self.biases.cells}
+
+    def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        if arrays["vectors"].shape != self.vectors.cells.shape:
+            raise ValueError("checkpoint sketch shape does not match its parameters")
+        self.vectors.cells, self.biases.cells = arrays["vectors"], arrays["biases"]
+
     @property
     def nbytes(self) -> int:
         return self.vectors.nbytes + self.biases.nbytes + self.stats.nbytes + self.counters.nbytes

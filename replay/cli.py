@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -48,6 +50,14 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--clip-loss", type=float, metavar="EPS",
                     help="thesis data clipping: skip a rating when (r - r^)^2 > EPS")
     ap.add_argument("--batch-size", type=int, default=10_000)
+    ap.add_argument("--serve", metavar="HOST:PORT",
+                    help="serve the live HTTP endpoint while learning, and after the replay ends "
+                    "until interrupted")
+    ap.add_argument("--admin-token", default=os.environ.get("SKETCHREC_ADMIN_TOKEN"),
+                    help="bearer token for POST /checkpoint, /pause, /resume (default: "
+                    "$SKETCHREC_ADMIN_TOKEN; none: admin endpoints disabled)")
+    ap.add_argument("--checkpoint", metavar="DIR", type=Path,
+                    help="checkpoint directory (written at the end and on POST /checkpoint)")
     ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
     ap.add_argument("--synthetic-users", type=int, default=SYNTHETIC["users"])
     ap.add_argument("--synthetic-items", type=int, default=SYNTHETIC["items"])
@@ -129,7 +139,15 @@ def run(args) -> dict:
         capacity, total, source = synth.n_users + synth.n_items, synth.n_ratings, "synthetic"
         data = None
         batches = synth.batches(args.batch_size)
+    if args.checkpoint and args.model == "river":
+        raise SystemExit("replay: --checkpoint needs a sketchrec model (sketch or dense)")
     model = make_model(args, capacity)
+    learner, service, server = model, None, None
+    if args.serve or args.checkpoint:
+        learner, service = make_service(model, total, args.checkpoint, args.seed)
+        service.record_skipped(report.skipped)
+        if args.serve:
+            server = start_server(service, args.serve, args.admin_token)
     every = 1_000_000
 
     def sampled(stream):
@@ -145,10 +163,10 @@ def run(args) -> dict:
             data = Ratings.concat(list(batches))
         with _Display(args.epochs * int(round(len(data) * (1 - args.holdout))), args.quiet,
                       f"{args.model} holdout") as show:
-            result = holdout(model, data, args.holdout, args.epochs, args.seed, args.batch_size, show)
+            result = holdout(learner, data, args.holdout, args.epochs, args.seed, args.batch_size, show)
     else:
         with _Display(total, args.quiet, f"{args.model} prequential") as show:
-            result = prequential(model, sampled(batches), show, speed)
+            result = prequential(learner, sampled(batches), show, speed)
     result.update({
         "model": args.model, "source": source, "order": args.order,
         "skipped": dict(report.skipped), "skipped_total": report.n_skipped,
@@ -162,7 +180,53 @@ def run(args) -> dict:
                    **({"sgld": args.sgld, "clip_loss": args.clip_loss,
                        "skipped_by_clip_loss": model.n_skipped_clip} if args.model != "river" else {})},
     })
+    if service is not None and service.checkpoints is not None:
+        result["checkpoint"] = service.checkpoint()
+    if server is not None:
+        result["serving"] = f"http://{server.server.config.host}:{server.port}"
+        result["_server"] = server
     return result
+
+
+def make_service(model, expected_ratings: int, checkpoint_dir: Path | None, seed: int):
+    """The model wrapped for serving, sized for the stream, and its service."""
+    from stream.checkpoint import CheckpointStore
+    from stream.recommender import Recommender
+    from stream.service import LearningService
+    recommender = Recommender(model, pair_capacity=max(expected_ratings, 1000), seed=seed)
+    store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
+    return recommender, LearningService(recommender, store)
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SystemExit(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def start_server(service, where: str, admin_token: str | None, privacy=None):
+    from stream.http import create_app
+    from stream.service import ServerThread
+    host, port = parse_host_port(where)
+    server = ServerThread(create_app(service, admin_token, privacy), host, port).start()
+    print(f"serving http://{host}:{server.port} (admin endpoints "
+          f"{'enabled' if admin_token else 'disabled'})", file=sys.stderr, flush=True)
+    return server
+
+
+def serve_until_interrupted(server) -> None:
+    """Block until SIGINT/SIGTERM, then stop the server."""
+    stop = {"now": False}
+
+    def handler(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    while not stop["now"] and server.thread.is_alive():
+        time.sleep(0.2)
+    server.stop()
 
 
 def summary(result: dict) -> str:
@@ -191,9 +255,41 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
         print(f"{prog}: no such file: {args.path}", file=sys.stderr)
         return 2
     result = run(args)
+    server = result.pop("_server", None)
     print(summary(result))
     if args.json:
-        print(json.dumps(result, default=float))
+        print(json.dumps(result, default=float), flush=True)
+    if server is not None:
+        print(f"replay finished; still serving {result['serving']} until interrupted (Ctrl-C)",
+              file=sys.stderr, flush=True)
+        serve_until_interrupted(server)
+    return 0
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    from models import DenseMF, SketchMF
+    from stream.service import LearningService
+    ap = argparse.ArgumentParser(prog="sketchrec serve", description="Serve the newest checkpoint "
+                                 "read-only, reloading when a newer one is written.")
+    ap.add_argument("--checkpoint", metavar="DIR", type=Path, required=True)
+    ap.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8000")
+    ap.add_argument("--reload-every", type=float, default=5.0, metavar="S",
+                    help="seconds between checks for a newer checkpoint")
+    args = ap.parse_args(argv)
+    try:
+        service = LearningService.from_checkpoint(args.checkpoint, {"SketchMF": SketchMF, "DenseMF": DenseMF})
+    except FileNotFoundError as exc:
+        print(f"sketchrec serve: {exc}", file=sys.stderr)
+        return 2
+    server = start_server(service, args.listen, admin_token=None)
+
+    def reload_loop():
+        while server.thread.is_alive():
+            time.sleep(args.reload_every)
+            service.reload_if_newer()  # the app reads service.recommender on every request
+    import threading
+    threading.Thread(target=reload_loop, daemon=True).start()
+    serve_until_interrupted(server)
     return 0
 
 
@@ -224,6 +320,7 @@ COMMANDS = {
     "replay": ("replay a ratings file or the synthetic stream into the learner",
                lambda argv: replay_main(argv, prog="sketchrec replay")),
     "experiment": ("run a reproducible experiment (figures, tables, JSON)", experiment_main),
+    "serve": ("serve the newest checkpoint read-only over HTTP", serve_main),
 }
 
 

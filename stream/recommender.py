@@ -1,0 +1,159 @@
+"""The serving state around a learner: what the live endpoint needs beyond the model.
+
+- the item catalogue seen so far (ids and their keys only; vectors stay in the sketch),
+- a Bloom filter over (user, item) pairs, so recommendations never include an item the user
+  rated (a false positive may hide an unseen item, never show a seen one),
+- a Bloom filter over users (unknown users get the most popular items),
+- a count-min sketch with a heavy-hitters list of the most rated items.
+
+``Recommender.learn_many`` has the learner's signature, so the evaluation protocols and the
+learning thread drive it exactly as they drive a bare model. Learning and reading run in different
+threads: the model's kernels release the GIL; the catalogue grows under a lock and readers take
+a consistent snapshot (arrays are only ever appended to or replaced, never shrunk).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+from sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
+from sketches.hashing import as_keys, key_of
+
+
+class Catalogue:
+    """Item ids seen so far, in first-seen order, with their keys in a growable buffer."""
+
+    def __init__(self):
+        self.ids: list = []
+        self._keys = np.empty(1024, dtype=np.uint64)
+        self._known: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, ids, keys: np.ndarray) -> None:
+        with self._lock:
+            _, first = np.unique(keys, return_index=True)
+            new = [n for n in np.sort(first) if int(keys[n]) not in self._known]
+            if not new:
+                return
+            n0, n1 = len(self.ids), len(self.ids) + len(new)
+            if n1 > len(self._keys):
+                grown = np.empty(max(n1, 2 * len(self._keys)), dtype=np.uint64)
+                grown[:n0] = self._keys[:n0]
+                self._keys = grown  # readers holding the old buffer still see a valid prefix
+            for offset, n in enumerate(new):
+                self._keys[n0 + offset] = keys[n]
+                self._known.add(int(keys[n]))
+                self.ids.append(ids[n].item() if hasattr(ids[n], "item") else ids[n])
+
+    def snapshot(self) -> tuple[list, np.ndarray]:
+        with self._lock:
+            n = len(self.ids)
+            return self.ids[:n], self._keys[:n]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class Recommender:
+    """A learner plus the bounded structures that serving needs (see module docstring)."""
+
+    def __init__(self, model, pair_capacity: int = 5_000_000, user_capacity: int = 1_000_000,
+                 fp_rate: float = 0.01, popular: int = 1000, seed: int = 0):
+        self.model = model
+        self.pairs_seen = BloomFilter(pair_capacity, fp_rate, seed=seed)
+        self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
+        self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
+        self.catalogue = Catalogue()
+        self.learning = threading.Event()
+        self.learning.set()  # cleared = paused
+
+    # the learner's interface ------------------------------------------------------------------------
+    def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
+        """Learn a batch (waits while paused) and record it for serving."""
+        self.learning.wait()
+        users = np.asarray(users) if not isinstance(users, np.ndarray) else users
+        items = np.asarray(items) if not isinstance(items, np.ndarray) else items
+        ukeys, ikeys = as_keys(users), as_keys(items)
+        predictions = self.model.learn_many(ukeys, ikeys, ratings, epoch=epoch)
+        self.pairs_seen.add_many(pair_keys(ukeys, ikeys))
+        self.users_seen.add_many(ukeys)
+        self.popularity.add_many(items, ikeys)
+        self.catalogue.add(items, ikeys)
+        return predictions
+
+    def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
+        return self.model.predict_many(users, items, clip=clip)
+
+    @property
+    def nbytes(self) -> int:
+        return (self.model.nbytes + self.pairs_seen.nbytes + self.users_seen.nbytes
+                + self.popularity.sketch.nbytes)
+
+    @property
+    def width(self):
+        return getattr(self.model, "width", None)
+
+    @property
+    def n_skipped_clip(self) -> int:
+        return getattr(self.model, "n_skipped_clip", 0)
+
+    # serving -------------------------------------------------------------------------------------
+    def predict(self, user, item) -> float:
+        return float(self.model.predict_many([user], [item])[0])
+
+    def recommend(self, user, k: int) -> tuple[list[tuple[object, float]], str]:
+        """Top-k unseen items for the user, best first, and where they came from
+        ("model", or "popular" for a user the model has not seen)."""
+        ukey = user_key(user)
+        ids, keys = self.catalogue.snapshot()
+        if not ids:
+            return [], "empty"
+        if ukey is None or not self.users_seen.contains_many(np.array([ukey], dtype=np.uint64))[0]:
+            return [(item, float(count)) for item, count in self.popularity.most_common(k)], "popular"
+        ukeys = np.full(len(keys), ukey, dtype=np.uint64)
+        scores = self.model.predict_many(ukeys, keys, clip=False)
+        seen = self.pairs_seen.contains_many(pair_keys(ukeys, keys))
+        scores[seen] = -np.inf
+        top = np.argpartition(-scores, min(k, len(scores) - 1))[:k] if len(scores) > k else np.arange(len(scores))
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [(ids[n], float(scores[n])) for n in top if np.isfinite(scores[n])], "model"
+
+    # state -----------------------------------------------------------------------------------------
+    def state_parts(self) -> dict[str, bytes]:
+        ids, _ = self.catalogue.snapshot()
+        return {"model": self.model.to_bytes(), "pairs_seen": self.pairs_seen.to_bytes(),
+                "users_seen": self.users_seen.to_bytes(),
+                "popularity": self.popularity.sketch.to_bytes(),
+                "serving": json.dumps({"catalogue": ids, "popular_capacity": self.popularity.capacity,
+                                       "popular": [i for i, _ in self.popularity.most_common()]}).encode()}
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, bytes], model_cls) -> "Recommender":
+        rec = cls.__new__(cls)
+        rec.model = model_cls.from_bytes(parts["model"])
+        rec.pairs_seen = BloomFilter.from_bytes(parts["pairs_seen"])
+        rec.users_seen = BloomFilter.from_bytes(parts["users_seen"])
+        serving = json.loads(parts["serving"])
+        rec.popularity = HeavyHitters(serving["popular_capacity"],
+                                      CountMinSketch.from_bytes(parts["popularity"]))
+        popular = np.array(serving["popular"], dtype=object)
+        if len(popular):
+            rec.popularity._tracked = dict(zip(serving["popular"], as_keys(popular).tolist()))
+        rec.catalogue = Catalogue()
+        if serving["catalogue"]:
+            cat = np.array(serving["catalogue"], dtype=object)
+            rec.catalogue.add(cat, as_keys(cat))
+        rec.learning = threading.Event()
+        rec.learning.set()
+        return rec
+
+
+def user_key(user) -> int | None:
+    """Key of an id given over HTTP (always text): '5' and 5 are the same id."""
+    try:
+        return key_of(user)
+    except TypeError:
+        return None

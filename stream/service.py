@@ -1,0 +1,135 @@
+"""A learning service: the recommender, its counters, checkpoints, and a uvicorn server thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from stream.checkpoint import CheckpointStore
+from stream.recommender import Recommender
+
+
+class LearningService:
+    """What the live endpoint reads: the recommender and the figures about its learning.
+
+    ``read_only`` services (``sketchrec serve --checkpoint DIR``) never learn; they reload the
+    newest checkpoint when a newer one appears.
+    """
+
+    def __init__(self, recommender: Recommender, checkpoints: CheckpointStore | None = None,
+                 read_only: bool = False, model_cls=None):
+        self.recommender = recommender
+        self.checkpoints = checkpoints
+        self.read_only = read_only
+        self.model_cls = model_cls or type(recommender.model)
+        self.skipped: Counter = Counter()
+        self.offsets: dict = {}
+        self.started = time.time()
+        self.last_checkpoint: dict | None = None
+        self._lock = threading.Lock()
+        self._rate = (time.perf_counter(), 0)  # for ratings/s between two reads of stats
+
+    @property
+    def ratings_learned(self) -> int:
+        return self.recommender.model.n_learned
+
+    def record_skipped(self, reasons: Counter | dict) -> None:
+        with self._lock:
+            self.skipped.update(reasons)
+
+    def stats(self) -> dict:
+        now, learned = time.perf_counter(), self.ratings_learned
+        then, before = self._rate
+        self._rate = (now, learned)
+        uptime = time.time() - self.started
+        skipped = dict(self.skipped)
+        clipped = self.recommender.n_skipped_clip
+        if clipped:
+            skipped["loss clipped"] = clipped
+        return {"ratings_learned": learned, "skipped": skipped,
+                "throughput_per_s": (learned - before) / max(now - then, 1e-9),
+                "mean_throughput_per_s": learned / max(uptime, 1e-9),
+                "model_bytes": int(self.recommender.model.nbytes),
+                "serving_bytes": int(self.recommender.nbytes),
+                "catalogue_items": len(self.recommender.catalogue),
+                "uptime_s": uptime, "paused": not self.recommender.learning.is_set(),
+                "read_only": self.read_only, "checkpoint": self.last_checkpoint,
+                "offsets": self.offsets}
+
+    def pause(self) -> None:
+        self.recommender.learning.clear()
+
+    def resume(self) -> None:
+        self.recommender.learning.set()
+
+    def checkpoint(self) -> dict:
+        """Write a checkpoint of the whole serving state now."""
+        if self.checkpoints is None:
+            raise RuntimeError("no checkpoint directory configured")
+        with self._lock:
+            path = self.checkpoints.save(self.recommender.state_parts(),
+                                         {"ratings_learned": self.ratings_learned,
+                                          "offsets": self.offsets, "skipped": dict(self.skipped),
+                                          "model_class": self.model_cls.__name__})
+            self.last_checkpoint = {"path": str(path), "seq": self.checkpoints.newest_seq(),
+                                    "ratings_learned": self.ratings_learned, "at": time.time()}
+            return self.last_checkpoint
+
+    @classmethod
+    def from_checkpoint(cls, directory: str | Path, model_classes: dict) -> "LearningService":
+        store = CheckpointStore(directory)
+        ckpt = store.latest()
+        if ckpt is None:
+            raise FileNotFoundError(f"no valid checkpoint in {directory}")
+        model_cls = model_classes[ckpt.meta["model_class"]]
+        service = cls(Recommender.from_parts(ckpt.parts, model_cls), store, read_only=True,
+                      model_cls=model_cls)
+        service._adopt(ckpt)
+        return service
+
+    def _adopt(self, ckpt) -> None:
+        self.offsets = ckpt.meta.get("offsets", {})
+        self.skipped = Counter(ckpt.meta.get("skipped", {}))
+        self.last_checkpoint = {"path": str(ckpt.path), "seq": ckpt.seq,
+                                "ratings_learned": ckpt.meta.get("ratings_learned"),
+                                "at": ckpt.meta.get("written_at")}
+
+    def reload_if_newer(self) -> bool:
+        """Read-only mode: swap in the newest valid checkpoint if it is newer than ours."""
+        if self.checkpoints is None or self.checkpoints.newest_seq() <= (self.last_checkpoint or {}).get("seq", 0):
+            return False
+        ckpt = self.checkpoints.latest()
+        if ckpt is None or ckpt.seq <= (self.last_checkpoint or {}).get("seq", 0):
+            return False
+        self.recommender = Recommender.from_parts(ckpt.parts, self.model_cls)  # one reference swap
+        self._adopt(ckpt)
+        return True
+
+
+class ServerThread:
+    """uvicorn serving an app from a daemon thread, started and stopped from the caller's thread."""
+
+    def __init__(self, app, host: str, port: int):
+        import uvicorn
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="http")
+
+    def start(self, timeout: float = 10.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("HTTP server failed to start (is the port free?)")
+            time.sleep(0.02)
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
