@@ -139,6 +139,16 @@ class FactorizationModel(Ranker):
         self._predict_keys(ukeys, ikeys, clip, out)
         return out
 
+    def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
+        """(latent vectors, biases) of ids of one family (USER or ITEM) as the model sees them."""
+        raise NotImplementedError
+
+    def score_items(self, user, items) -> np.ndarray:
+        """Unclipped scores of many items for one user (for ranking)."""
+        ikeys = as_keys(items)
+        return self.predict_many(np.full(ikeys.shape[0], as_keys(user)[0], dtype=np.uint64), ikeys,
+                                 clip=False)
+
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
         raise NotImplementedError
 
@@ -157,6 +167,5 @@ class FactorizationModel(Ranker):
         items = list(items)
         if not items:
             return []
-        scores = self.predict_many(np.full(len(items), as_keys(user)[0], dtype=np.uint64), items,
-                                   clip=False)
+        scores = self.score_items(user, items)
         return [items[n] for n in np.argsort(-scores, kind="stable")]

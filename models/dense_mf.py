@@ -6,6 +6,7 @@ import numpy as np
 
 from models import kernels as K
 from models.base import ITEM, USER, FactorizationModel
+from sketches.hashing import as_keys
 
 
 class _IdTable:
@@ -85,6 +86,16 @@ class DenseMF(FactorizationModel):
         arrays = sum(t.vectors.nbytes + t.biases.nbytes for t in self._tables)
         # the id -> row dictionaries cost memory too: about 100 bytes an entry in CPython
         return arrays + 100 * (self.n_users + self.n_items)
+
+    def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
+        keys = as_keys(ids)
+        rows = self._rows(keys, family, False)
+        table = self._tables[family]
+        vectors = K.init_rows(keys, self._init_salts[family], self.init_std)
+        known = rows >= 0
+        vectors[known] = table.vectors[rows[known]]
+        biases = np.where(known, table.biases[np.maximum(rows, 0)], 0.0)
+        return vectors, biases
 
     def _rows(self, keys, family: int, create: bool) -> np.ndarray:
         return self._tables[family].rows(keys, create, self._init_salts[family], self.init_std)

@@ -202,6 +202,26 @@ def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init
 
 
 @njit(nogil=True, cache=True)
+def sketch_score(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
+                 ukey, ikeys, hp, stats, out):
+    """Unclipped scores of many items for ONE user (ranking): the user's vector is read once."""
+    k, d = salts_u.shape
+    addr = np.empty((k, d), dtype=np.int64)
+    sign = np.empty((k, d), dtype=np.float64)
+    baddr = np.empty((k, 1), dtype=np.int64)
+    bsign = np.empty((k, 1), dtype=np.float64)
+    p = np.empty(d)
+    q = np.empty(d)
+    start = np.empty(d)
+    b = np.empty(1)
+    read_factor(cells, salts_u, init_u, ukey, hp[INIT_STD], addr, sign, p, start)
+    base = mean_of(stats) + read_bias(bias_cells, bsalts_u, ukey, baddr, bsign, b)
+    for n in range(ikeys.shape[0]):
+        read_factor(cells, salts_i, init_i, ikeys[n], hp[INIT_STD], addr, sign, q, start)
+        out[n] = base + dot(p, q) + read_bias(bias_cells, bsalts_i, ikeys[n], baddr, bsign, b)
+
+
+@njit(nogil=True, cache=True)
 def dense_learn(P, Q, bu_arr, bi_arr, uidx, iidx, ratings, hp, stats, counters, out_pred):
     """The same SGD on ordinary per-id arrays (the regular-factorization baseline)."""
     d = P.shape[1]

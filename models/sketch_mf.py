@@ -7,6 +7,7 @@ import numpy as np
 from models import kernels as K
 from models.base import ITEM, USER, FactorizationModel
 from sketches.count_sketch import CountSketch, width_for_space_gain
+from sketches.hashing import as_keys
 
 DEFAULT_WIDTH = 1 << 16
 
@@ -70,15 +71,21 @@ class SketchMF(FactorizationModel):
     def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
         K.sketch_predict(*self._sketch_args(), ukeys, ikeys, self.hyper(), self.stats, clip, out)
 
+    def score_items(self, user, items) -> np.ndarray:
+        ikeys = as_keys(items)
+        out = np.empty(ikeys.shape[0], dtype=np.float64)
+        K.sketch_score(*self._sketch_args(), as_keys(user)[0], ikeys, self.hyper(), self.stats, out)
+        return out
+
+    def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
+        keys = as_keys(ids)
+        vectors = self.vectors.read_many(keys, family) + K.init_rows(keys, self._init_salts[family],
+                                                                     self.init_std)
+        return vectors, self.biases.read_many(keys, family)[:, 0]
+
     def user_vectors(self, users) -> np.ndarray:
         """Latent vectors of users as the model sees them (start vector + sketch estimate)."""
-        return self._vectors(users, USER)
+        return self.factors(users, USER)[0]
 
     def item_vectors(self, items) -> np.ndarray:
-        return self._vectors(items, ITEM)
-
-    def _vectors(self, ids, family: int) -> np.ndarray:
-        from sketches.hashing import as_keys
-        keys = as_keys(ids)
-        return (self.vectors.read_many(keys, family)
-                + K.init_rows(keys, self._init_salts[family], self.init_std))
+        return self.factors(items, ITEM)[0]

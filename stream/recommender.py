@@ -4,7 +4,11 @@
 - a Bloom filter over (user, item) pairs, so recommendations never include an item the user
   rated (a false positive may hide an unseen item, never show a seen one),
 - a Bloom filter over users (unknown users get the most popular items),
-- a count-min sketch with a heavy-hitters list of the most rated items.
+- a count-min sketch with a heavy-hitters list of the most rated items,
+- a snapshot of the catalogue's item factors, so /recommend is one matrix-vector product. It is
+  rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
+  at most once per ten times its own build cost: recommendations reflect the model as of at most
+  ``max(refresh_s, 10 x build time)`` ago (1 s by default; ~1 ms to build for ML-100k's catalogue).
 
 ``Recommender.learn_many`` has the learner's signature, so the evaluation protocols and the
 learning thread drive it exactly as they drive a bare model. Learning and reading run in different
@@ -16,9 +20,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from models.base import ITEM, USER
 from sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
 from sketches.hashing import as_keys, key_of
 
@@ -57,16 +64,36 @@ class Catalogue:
         return len(self.ids)
 
 
+@dataclass
+class ItemSnapshot:
+    """Factors of the catalogue's items read out of the model at one moment, for fast scoring."""
+
+    ids: list
+    keys: np.ndarray
+    vectors: np.ndarray   # float32 (n, d)
+    biases: np.ndarray    # float64 (n,)
+    learned: int          # model.n_learned when read
+    built: float          # time.monotonic() when read
+    cost: float           # seconds the read took
+
+
 class Recommender:
     """A learner plus the bounded structures that serving needs (see module docstring)."""
 
     def __init__(self, model, pair_capacity: int = 5_000_000, user_capacity: int = 1_000_000,
-                 fp_rate: float = 0.01, popular: int = 1000, seed: int = 0):
+                 fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0):
         self.model = model
         self.pairs_seen = BloomFilter(pair_capacity, fp_rate, seed=seed)
         self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
         self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
         self.catalogue = Catalogue()
+        self._init_runtime(refresh_s)
+
+    def _init_runtime(self, refresh_s: float) -> None:
+        """Threading state, never checkpointed."""
+        self.refresh_s = refresh_s
+        self._snapshot: ItemSnapshot | None = None
+        self._snapshot_lock = threading.Lock()
         self.learning = threading.Event()
         self.learning.set()  # cleared = paused
 
@@ -108,18 +135,41 @@ class Recommender:
         """Top-k unseen items for the user, best first, and where they came from
         ("model", or "popular" for a user the model has not seen)."""
         ukey = user_key(user)
-        ids, keys = self.catalogue.snapshot()
-        if not ids:
+        if not len(self.catalogue):
             return [], "empty"
         if ukey is None or not self.users_seen.contains_many(np.array([ukey], dtype=np.uint64))[0]:
             return [(item, float(count)) for item, count in self.popularity.most_common(k)], "popular"
+        snap = self.item_snapshot()
+        ids, keys = snap.ids, snap.keys
+        p, bu = self.model.factors(np.array([ukey], dtype=np.uint64), USER)
+        scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + (self.model.global_mean + bu[0])
         ukeys = np.full(len(keys), ukey, dtype=np.uint64)
-        scores = self.model.predict_many(ukeys, keys, clip=False)
         seen = self.pairs_seen.contains_many(pair_keys(ukeys, keys))
         scores[seen] = -np.inf
         top = np.argpartition(-scores, min(k, len(scores) - 1))[:k] if len(scores) > k else np.arange(len(scores))
         top = top[np.argsort(-scores[top], kind="stable")]
         return [(ids[n], float(scores[n])) for n in top if np.isfinite(scores[n])], "model"
+
+    def item_snapshot(self) -> ItemSnapshot:
+        """The current item snapshot, rebuilt first if it is stale (see module docstring). Only one
+        thread rebuilds; the others go on with the previous snapshot meanwhile."""
+        snap = self._snapshot
+        if snap is not None:
+            changed = snap.learned != self.model.n_learned or len(snap.ids) != len(self.catalogue)
+            due = time.monotonic() - snap.built >= max(self.refresh_s, 10 * snap.cost)
+            if not (changed and due):
+                return snap
+        if self._snapshot_lock.acquire(blocking=snap is None):
+            try:
+                t0 = time.monotonic()
+                learned = self.model.n_learned
+                ids, keys = self.catalogue.snapshot()
+                vectors, biases = self.model.factors(keys, ITEM)
+                self._snapshot = ItemSnapshot(ids, keys, vectors.astype(np.float32), biases, learned,
+                                              time.monotonic(), time.monotonic() - t0)
+            finally:
+                self._snapshot_lock.release()
+        return self._snapshot
 
     # state -----------------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, bytes]:
@@ -131,7 +181,7 @@ class Recommender:
                                        "popular": [i for i, _ in self.popularity.most_common()]}).encode()}
 
     @classmethod
-    def from_parts(cls, parts: dict[str, bytes], model_cls) -> "Recommender":
+    def from_parts(cls, parts: dict[str, bytes], model_cls, refresh_s: float = 1.0) -> "Recommender":
         rec = cls.__new__(cls)
         rec.model = model_cls.from_bytes(parts["model"])
         rec.pairs_seen = BloomFilter.from_bytes(parts["pairs_seen"])
@@ -146,8 +196,7 @@ class Recommender:
         if serving["catalogue"]:
             cat = np.array(serving["catalogue"], dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
-        rec.learning = threading.Event()
-        rec.learning.set()
+        rec._init_runtime(refresh_s)
         return rec
 
 

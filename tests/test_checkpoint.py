@@ -74,3 +74,19 @@ def test_recommender_state_round_trip_serves_the_same_answers():
     for user in (int(data.users[0]), int(data.users[-1]), "stranger"):
         assert back.recommend(user, 10) == rec.recommend(user, 10)
     assert back.catalogue.snapshot()[0] == rec.catalogue.snapshot()[0]
+
+
+def test_item_snapshot_refreshes_only_when_learned_and_due():
+    data = SyntheticStream(n_ratings=4000, n_users=100, n_items=80, seed=6).all()
+    rec = Recommender(SketchMF(capacity=180, dim=8), pair_capacity=10_000, refresh_s=3600)
+    rec.learn_many(data.users[:2000], data.items[:2000], data.ratings[:2000])
+    first = rec.item_snapshot()
+    assert rec.item_snapshot() is first                       # nothing learned since
+    rec.learn_many(data.users[2000:], data.items[2000:], data.ratings[2000:])
+    assert rec.item_snapshot() is first                       # learned, but not due for an hour
+    rec.refresh_s = 0.0
+    fresh = rec.item_snapshot()
+    assert fresh is not first and fresh.learned == 4000
+    vectors, biases = rec.model.factors(fresh.keys, 1)
+    np.testing.assert_allclose(fresh.vectors, vectors, atol=1e-6)
+    np.testing.assert_allclose(fresh.biases, biases)

@@ -155,3 +155,12 @@ def test_bad_batches_are_refused_without_touching_the_model():
     with pytest.raises(ValueError):
         model.learn_many([1], [1], [float("nan")])
     assert model.n_learned == 0 and not model.vectors.cells.any()
+
+
+def test_score_items_equals_unclipped_predictions():
+    data = small_stream(3000)
+    for model in (SketchMF(capacity=300, dim=8, lr=0.05), DenseMF(dim=8, lr=0.05)):
+        model.learn_many(data.users, data.items, data.ratings)
+        items = np.unique(data.items)
+        expected = model.predict_many(np.full(len(items), 17), items, clip=False)
+        np.testing.assert_allclose(model.score_items(17, items), expected, rtol=0, atol=1e-12)
