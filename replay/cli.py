@@ -36,6 +36,17 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--epochs", type=int, default=20, help="epochs of the holdout protocol")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", choices=("sketch", "dense", "river"), default="sketch")
+    add_model_args(ap)
+    ap.add_argument("--batch-size", type=int, default=10_000)
+    ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
+    ap.add_argument("--synthetic-users", type=int, default=SYNTHETIC["users"])
+    ap.add_argument("--synthetic-items", type=int, default=SYNTHETIC["items"])
+    add_serving_args(ap)
+    return ap
+
+
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The learner's options, shared by replay and consume."""
     ap.add_argument("--dim", type=int, default=DEFAULTS["dim"], help="latent dimension d")
     ap.add_argument("--depth", type=int, default=DEFAULTS["depth"], help="sketch rows k (1 = feature hashing)")
     width = ap.add_mutually_exclusive_group()
@@ -49,19 +60,17 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--sgld", type=float, metavar="TAU", help="SGLD with temperature TAU")
     ap.add_argument("--clip-loss", type=float, metavar="EPS",
                     help="thesis data clipping: skip a rating when (r - r^)^2 > EPS")
-    ap.add_argument("--batch-size", type=int, default=10_000)
+
+
+def add_serving_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--serve", metavar="HOST:PORT",
-                    help="serve the live HTTP endpoint while learning, and after the replay ends "
-                    "until interrupted")
+                    help="serve the live HTTP endpoint while learning (replay: and after it ends, "
+                    "until interrupted)")
     ap.add_argument("--admin-token", default=os.environ.get("SKETCHREC_ADMIN_TOKEN"),
                     help="bearer token for POST /checkpoint, /pause, /resume (default: "
                     "$SKETCHREC_ADMIN_TOKEN; none: admin endpoints disabled)")
     ap.add_argument("--checkpoint", metavar="DIR", type=Path,
-                    help="checkpoint directory (written at the end and on POST /checkpoint)")
-    ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
-    ap.add_argument("--synthetic-users", type=int, default=SYNTHETIC["users"])
-    ap.add_argument("--synthetic-items", type=int, default=SYNTHETIC["items"])
-    return ap
+                    help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
 
 
 def make_model(args, capacity: int):
@@ -316,11 +325,91 @@ def experiment_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def consume_main(argv: list[str] | None = None) -> int:
+    from models import DenseMF, SketchMF
+    from stream.kafka_runtime import KafkaLearner, resume_or_create
+    ap = argparse.ArgumentParser(prog="sketchrec consume", description="Learn from a Kafka topic of "
+                                 "ratings, with exactly-once-in-state checkpoints (see README).")
+    ap.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--group", help="consumer group (without: all partitions, offsets in checkpoints only)")
+    ap.add_argument("--dead-topic", help="dead-letter topic (default: TOPIC.dead)")
+    ap.add_argument("--rating-range", default="0.5,5", metavar="L,U",
+                    help="ratings outside [L, U] are dead letters; 'none' accepts any finite rating")
+    ap.add_argument("--checkpoint-every", type=int, default=50_000, metavar="N",
+                    help="ratings (and dead letters) between checkpoints")
+    ap.add_argument("--checkpoint-seconds", type=float, default=30.0, metavar="T")
+    ap.add_argument("--exit-when-idle", type=float, metavar="S",
+                    help="stop (with a final checkpoint) after S seconds without messages")
+    ap.add_argument("--capacity", type=int, default=100_000,
+                    help="expected distinct users + items: sets the sketch width (with --space-gain)")
+    ap.add_argument("--expected-ratings", type=int, default=10_000_000,
+                    help="sizes the Bloom filter of seen (user, item) pairs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", choices=("sketch", "dense"), default="sketch")
+    add_model_args(ap)
+    add_serving_args(ap)
+    args = ap.parse_args(argv)
+    if args.checkpoint is None:
+        ap.error("--checkpoint DIR is required: it holds the model state and the offsets together")
+    try:
+        rating_range = (None if args.rating_range == "none"
+                        else tuple(float(x) for x in args.rating_range.split(",", 1)))
+    except ValueError:
+        ap.error("--rating-range takes L,U or 'none'")
+    service = resume_or_create(args.checkpoint, lambda: make_model(args, args.capacity),
+                               {"SketchMF": SketchMF, "DenseMF": DenseMF}, args.expected_ratings, args.seed)
+    learner = KafkaLearner(service, args.bootstrap, args.topic, args.group, args.dead_topic, rating_range,
+                           args.checkpoint_every, args.checkpoint_seconds)
+    server = start_server(service, args.serve, args.admin_token) if args.serve else None
+
+    def stop(signum, frame):
+        learner.stop.set()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    print(f"consuming {args.topic} from {args.bootstrap}; resumed at {service.ratings_learned:,} "
+          f"ratings, offsets {service.offsets}", file=sys.stderr, flush=True)
+    learner.run(idle_exit=args.exit_when_idle)
+    stats = service.stats()
+    print(json.dumps({k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "checkpoint",
+                                            "prequential_rmse")}), flush=True)
+    if server is not None:
+        server.stop()
+    return 0
+
+
+def produce_main(argv: list[str] | None = None) -> int:
+    from stream.kafka_produce import order_for_topic, produce
+    ap = argparse.ArgumentParser(prog="sketchrec produce", description="Publish a ratings file to a "
+                                 "Kafka topic (keyed by user; the topic is created if needed).")
+    ap.add_argument("path", type=Path, help="any ratings file replay reads")
+    ap.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--rate", type=float, help="ratings per second (default: as fast as possible)")
+    ap.add_argument("--batch", type=int, default=1, help="ratings per message (1: one CSV rating each)")
+    ap.add_argument("--partitions", type=int, default=2, help="partitions when creating the topic")
+    args = ap.parse_args(argv)
+    if not args.path.is_file():
+        print(f"sketchrec produce: no such file: {args.path}", file=sys.stderr)
+        return 2
+    data, report = read_ratings(args.path)
+    result = produce(order_for_topic(data), args.bootstrap, args.topic, args.batch, args.rate,
+                     args.partitions)
+    result["skipped"] = dict(report.skipped)
+    print(f"produced {result['ratings']:,} ratings in {result['messages']:,} messages to {args.topic} "
+          f"in {result['seconds']:.1f} s ({result['ratings_per_s']:,.0f} ratings/s)", file=sys.stderr)
+    print(json.dumps(result))
+    return 0
+
+
 COMMANDS = {
     "replay": ("replay a ratings file or the synthetic stream into the learner",
                lambda argv: replay_main(argv, prog="sketchrec replay")),
     "experiment": ("run a reproducible experiment (figures, tables, JSON)", experiment_main),
     "serve": ("serve the newest checkpoint read-only over HTTP", serve_main),
+    "consume": ("learn from a Kafka topic with checkpoints and dead letters", consume_main),
+    "produce": ("publish a ratings file to a Kafka topic", produce_main),
 }
 
 

@@ -9,37 +9,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
 
+from models.metrics import ErrorStats
 from stream.sources import Ratings
 
 Progress = Callable[[int, float, float], None]  # (ratings so far, running RMSE, ratings/s)
-
-
-@dataclass
-class ErrorStats:
-    """Running squared/absolute error sums."""
-
-    n: int = 0
-    sq: float = 0.0
-    abs: float = 0.0
-
-    def add(self, predictions: np.ndarray, truth: np.ndarray) -> None:
-        err = predictions - truth
-        self.n += err.shape[0]
-        self.sq += float(err @ err)
-        self.abs += float(np.abs(err).sum())
-
-    @property
-    def rmse(self) -> float:
-        return float(np.sqrt(self.sq / self.n)) if self.n else float("nan")
-
-    @property
-    def mae(self) -> float:
-        return self.abs / self.n if self.n else float("nan")
 
 
 def _pace(batch: Ratings, t0_stream: int | None, t0_wall: float, speed: float | None) -> int | None:

@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from models.metrics import ErrorStats
 from stream.checkpoint import CheckpointStore
 from stream.recommender import Recommender
 
@@ -25,7 +26,8 @@ class LearningService:
         self.read_only = read_only
         self.model_cls = model_cls or type(recommender.model)
         self.skipped: Counter = Counter()
-        self.offsets: dict = {}
+        self.errors = ErrorStats()    # prequential errors of what was learned (checkpointed)
+        self.offsets: dict = {}       # partition (str) -> next offset to consume
         self.started = time.time()
         self.last_checkpoint: dict | None = None
         self._lock = threading.Lock()
@@ -56,6 +58,7 @@ class LearningService:
                 "catalogue_items": len(self.recommender.catalogue),
                 "uptime_s": uptime, "paused": not self.recommender.learning.is_set(),
                 "read_only": self.read_only, "checkpoint": self.last_checkpoint,
+                "prequential_rmse": self.errors.rmse if self.errors.n else None,
                 "offsets": self.offsets}
 
     def pause(self) -> None:
@@ -72,6 +75,7 @@ class LearningService:
             path = self.checkpoints.save(self.recommender.state_parts(),
                                          {"ratings_learned": self.ratings_learned,
                                           "offsets": self.offsets, "skipped": dict(self.skipped),
+                                          "errors": self.errors.to_dict(),
                                           "model_class": self.model_cls.__name__})
             self.last_checkpoint = {"path": str(path), "seq": self.checkpoints.newest_seq(),
                                     "ratings_learned": self.ratings_learned, "at": time.time()}
@@ -90,8 +94,9 @@ class LearningService:
         return service
 
     def _adopt(self, ckpt) -> None:
-        self.offsets = ckpt.meta.get("offsets", {})
+        self.offsets = dict(ckpt.meta.get("offsets", {}))
         self.skipped = Counter(ckpt.meta.get("skipped", {}))
+        self.errors = ErrorStats.from_dict(ckpt.meta.get("errors", ErrorStats().to_dict()))
         self.last_checkpoint = {"path": str(ckpt.path), "seq": ckpt.seq,
                                 "ratings_learned": ckpt.meta.get("ratings_learned"),
                                 "at": ckpt.meta.get("written_at")}

@@ -1,0 +1,170 @@
+"""Integration tests against a real Kafka-protocol broker: crash recovery and dead letters."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from stream.checkpoint import CheckpointStore
+from stream.kafka_produce import ensure_topic, order_for_topic, produce
+from stream.messages import parse_message
+from stream.sources import SyntheticStream, read_ratings
+from conftest import free_port
+
+ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
+
+
+def consume_cmd(bootstrap, topic, ckpt, *extra):
+    return [sys.executable, "-m", "replay.cli", "consume", "--bootstrap", bootstrap, "--topic", topic,
+            "--checkpoint", str(ckpt), "--capacity", "3000", "--expected-ratings", "200000",
+            "--exit-when-idle", "3", *extra]
+
+
+def run_to_end(cmd) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_message_forms_and_reasons():
+    assert parse_message(b"1,2,4.5,99").ratings == [(1, 2, 4.5, 99)]
+    assert parse_message(b'{"user": "a", "item": 7, "rating": 3}').ratings == [("a", 7, 3.0, 0)]
+    batched = parse_message(b"1,2,4,1\n1,3,x,2\n1,4,5,3", rating_range=(1, 5))
+    assert [r[1] for r in batched.ratings] == [2, 4] and batched.rejected[0][:2] == (1, "non-numeric rating")
+    arr = parse_message(b'[{"user": 1, "item": 2, "rating": 9}, {"user": 1, "item": 3, "rating": 2}]', (1, 5))
+    assert len(arr.ratings) == 1 and arr.rejected[0][1] == "rating out of range"
+    for raw, reason in [(b"\xff\xfe", "not UTF-8"), (b"{oops", "bad JSON"), (b"1,2", "missing fields"),
+                        (b"1,2,nan,3", "non-finite rating"), (b'{"user": 1, "rating": 2}', "missing fields"),
+                        (b"", "empty message"), (b"1,2,3,tomorrow", "bad timestamp"),
+                        (("x" * 300 + ",2,3,4").encode(), "oversized id")]:
+        assert parse_message(raw).rejected[0][1] == reason, raw
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_kill_9_three_times_learns_every_rating_exactly_once(kafka_bootstrap, tmp_path):
+    topic = f"ml100k-{uuid.uuid4().hex[:8]}"
+    data, _ = read_ratings(ML100K)
+    sent = produce(order_for_topic(data), kafka_bootstrap, topic, batch=1)
+    assert sent["ratings"] == 100_000
+
+    reference = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path / "uninterrupted"))
+    assert reference["ratings_learned"] == 100_000
+
+    ckpt = tmp_path / "crashing"
+    kills = sorted(np.random.default_rng(7).uniform(15_000, 85_000, 3).astype(int))
+    killed_at = []
+    for threshold in kills:
+        port = free_port()
+        proc = subprocess.Popen(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}",
+                                            "--checkpoint-every", "4000", "--serve", f"127.0.0.1:{port}"),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            learned = 0
+            deadline = time.monotonic() + 120
+            while learned < threshold:
+                assert proc.poll() is None, proc.stderr.read()[-3000:]
+                assert time.monotonic() < deadline, "consumer made no progress"
+                try:
+                    learned = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()["ratings_learned"]
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.005)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            killed_at.append(learned)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert all(n < 100_000 for n in killed_at), killed_at  # each kill landed mid-stream
+    # whatever was learned after the last checkpoint died with the process
+    assert CheckpointStore(ckpt).latest().meta["ratings_learned"] <= killed_at[-1]
+
+    final = run_to_end(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}"))
+    assert final["ratings_learned"] == 100_000
+    assert final["skipped"] == {}
+    assert sum(final["offsets"].values()) == 100_000
+    assert abs(final["prequential_rmse"] - reference["prequential_rmse"]) < 0.01
+
+
+def _malformed_stream(n_valid: int, seed: int = 3):
+    """Valid single, JSON and batched messages with 1,000 malformed ones of every kind mixed in."""
+    rng = np.random.default_rng(seed)
+    data = SyntheticStream(n_ratings=n_valid, n_users=400, n_items=300, seed=seed).all()
+    rows = list(zip(data.users.tolist(), data.items.tolist(), data.ratings.tolist(), data.timestamps.tolist()))
+    messages, n = [], 0
+    while n < len(rows):
+        form = rng.integers(3)
+        if form == 0:
+            u, i, r, t = rows[n]
+            messages.append(f"{u},{i},{r},{t}".encode())
+            n += 1
+        elif form == 1:
+            u, i, r, t = rows[n]
+            messages.append(json.dumps({"user": u, "item": i, "rating": r, "timestamp": t}).encode())
+            n += 1
+        else:
+            chunk = rows[n:n + 10]
+            messages.append("\n".join(f"{u},{i},{r},{t}" for u, i, r, t in chunk).encode())
+            n += len(chunk)
+    bad_kinds = {
+        "not UTF-8": b"\xff\xfe\xfa",
+        "missing fields": b"12,7",
+        "non-numeric rating": b"12,7,five,100",
+        "non-finite rating": b"12,7,nan,100",
+        "rating out of range": b"12,7,9.5,100",
+        "oversized id": ("u" * 400 + ",7,4,100").encode(),
+        "empty id": b",7,4,100",
+        "bad JSON": b'{"user": 12, "item"',
+        "bad timestamp": b"12,7,4,next-week",
+        "empty message": b"   ",
+    }
+    bad = [(reason, raw) for reason, raw in bad_kinds.items() for _ in range(100)]
+    positions = sorted(rng.choice(len(messages) + len(bad), len(bad), replace=False))
+    mixed, b, m = [], 0, 0
+    for pos in range(len(messages) + len(bad)):
+        if b < len(bad) and pos == positions[b]:
+            mixed.append(bad[b][1])
+            b += 1
+        else:
+            mixed.append(messages[m])
+            m += 1
+    return mixed, Counter(reason for reason, _ in bad), len(rows)
+
+
+def test_malformed_messages_are_counted_dead_lettered_and_the_rest_learned(kafka_bootstrap, tmp_path):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    topic = f"mixed-{uuid.uuid4().hex[:8]}"
+    messages, expected, n_valid = _malformed_stream(20_000)
+    ensure_topic(kafka_bootstrap, topic, partitions=2)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=20)
+    for n, value in enumerate(messages):
+        producer.send(topic, key=str(n % 17).encode(), value=value)
+    producer.flush()
+    producer.close()
+
+    result = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path, "--group", f"g-{topic}",
+                                    "--rating-range", "1,5"))
+    assert result["ratings_learned"] == n_valid
+    assert result["skipped"] == dict(expected)
+
+    dead = KafkaConsumer(bootstrap_servers=kafka_bootstrap, consumer_timeout_ms=5000,
+                         auto_offset_reset="earliest")
+    parts = dead.partitions_for_topic(f"{topic}.dead") or set()
+    tps = [TopicPartition(f"{topic}.dead", p) for p in parts]
+    dead.assign(tps)
+    dead.seek_to_beginning(*tps)
+    letters = [json.loads(m.value) for m in dead]
+    dead.close()
+    assert len(letters) == 1000
+    assert Counter(x["reason"] for x in letters) == expected
+    assert all(x["topic"] == topic and x["offset"] >= 0 for x in letters)
+    oversized = next(x for x in letters if x["reason"] == "oversized id")
+    assert bytes.fromhex(oversized["value_hex"]).startswith(b"uuuu")
