@@ -17,6 +17,8 @@ from pathlib import Path
 
 from models import DenseMF, SketchMF
 from models.river_adapters import RiverBiasedMF
+from privacy.monitor import PrivacyMonitor
+from stream.recommender import Monitored
 from replay.protocols import ErrorStats, prequential
 from stream.sources import order_ratings, read_ratings
 
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     learners = {
         "sketch_batch": (lambda: SketchMF(capacity=capacity), len(data)),
         "sketch_learn_one": (lambda: _OneByOne(SketchMF(capacity=capacity)), min(len(data), 20_000)),
+        "sketch_batch_monitored": (lambda: Monitored(SketchMF(capacity=capacity), PrivacyMonitor()), len(data)),
         "dense_batch": (lambda: DenseMF(), len(data)),
         "river_biasedmf": (lambda: RiverBiasedMF(), min(len(data), args.river_limit)),
     }
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> dict:
                                           / results["river_biasedmf"]["throughput_per_s"])
     results["ratio_sketch_over_dense"] = (results["sketch_batch"]["throughput_per_s"]
                                           / results["dense_batch"]["throughput_per_s"])
+    results["ratio_monitor_overhead"] = (results["sketch_batch"]["throughput_per_s"]
+                                         / results["sketch_batch_monitored"]["throughput_per_s"])
+    print(f"monitor overhead: sketch alone / sketch with monitor = {results['ratio_monitor_overhead']:.3f}")
     print(f"ratio sketch(batch)/river: {results['ratio_sketch_over_river']:.1f}x   "
           f"sketch/dense: {results['ratio_sketch_over_dense']:.2f}x")
     print(json.dumps(results))

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from privacy.audit import Canaries
+from privacy.monitor import PrivacyMonitor
 from replay.protocols import holdout, prequential
+from stream.recommender import Monitored
+from stream.service import privacy_figures
 from stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
 
 # Defaults tuned on ../shared/data/ml-100k (see README "Defaults").
@@ -38,6 +42,11 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--model", choices=("sketch", "dense", "river"), default="sketch")
     add_model_args(ap)
     ap.add_argument("--batch-size", type=int, default=10_000)
+    ap.add_argument("--no-monitor", action="store_true", help="turn the privacy monitor off")
+    ap.add_argument("--kld-window", type=int, default=20_000, help="ratings in the monitor's KLD window")
+    ap.add_argument("--kld-alert", type=float, help="log a warning when the windowed KLD exceeds this")
+    ap.add_argument("--audit-canaries", type=int, metavar="M", default=0,
+                    help="one-run canary audit: M canary ratings, each trained on with probability 1/2")
     ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
     ap.add_argument("--synthetic-users", type=int, default=SYNTHETIC["users"])
     ap.add_argument("--synthetic-items", type=int, default=SYNTHETIC["items"])
@@ -151,12 +160,22 @@ def run(args) -> dict:
     if args.checkpoint and args.model == "river":
         raise SystemExit("replay: --checkpoint needs a sketchrec model (sketch or dense)")
     model = make_model(args, capacity)
+    # the streaming monitor reads prequential errors: meaningful in one pass only (holdout
+    # reports the thesis's train/test KLD instead)
+    monitor = None
+    if args.holdout is None and not args.no_monitor:
+        monitor = PrivacyMonitor(window=args.kld_window, alert_kld=args.kld_alert, seed=args.seed)
+    canaries = Canaries.make(args.audit_canaries, seed=args.seed + 7) if args.audit_canaries else None
     learner, service, server = model, None, None
     if args.serve or args.checkpoint:
-        learner, service = make_service(model, total, args.checkpoint, args.seed)
+        learner, service = make_service(model, total, args.checkpoint, args.seed, monitor)
         service.record_skipped(report.skipped)
         if args.serve:
             server = start_server(service, args.serve, args.admin_token)
+    elif monitor is not None:
+        learner = Monitored(model, monitor)
+    if canaries is not None and args.holdout is None:
+        batches = with_canaries(batches, canaries, total, args.seed)
     every = 1_000_000
 
     def sampled(stream):
@@ -172,7 +191,12 @@ def run(args) -> dict:
             data = Ratings.concat(list(batches))
         with _Display(args.epochs * int(round(len(data) * (1 - args.holdout))), args.quiet,
                       f"{args.model} holdout") as show:
-            result = holdout(learner, data, args.holdout, args.epochs, args.seed, args.batch_size, show)
+            extra = None
+            if canaries is not None:
+                users, items, ratings = canaries.training_part()
+                extra = Ratings(users, items, ratings, np.zeros(len(ratings), dtype=np.int64))
+            result = holdout(learner, data, args.holdout, args.epochs, args.seed, args.batch_size, show,
+                             extra_train=extra)
     else:
         with _Display(total, args.quiet, f"{args.model} prequential") as show:
             result = prequential(learner, sampled(batches), show, speed)
@@ -189,6 +213,12 @@ def run(args) -> dict:
                    **({"sgld": args.sgld, "clip_loss": args.clip_loss,
                        "skipped_by_clip_loss": model.n_skipped_clip} if args.model != "river" else {})},
     })
+    audit = canaries.audit(model) if canaries is not None else None
+    if service is not None:
+        service.audit = audit
+    holdout_kld = result.pop("kld", None)
+    result["privacy"] = privacy_figures(model, monitor, audit)
+    result["kld"] = holdout_kld if holdout_kld is not None else result["privacy"].get("kld")
     if service is not None and service.checkpoints is not None:
         result["checkpoint"] = service.checkpoint()
     if server is not None:
@@ -197,12 +227,32 @@ def run(args) -> dict:
     return result
 
 
-def make_service(model, expected_ratings: int, checkpoint_dir: Path | None, seed: int):
+def with_canaries(batches, canaries, total: int, seed: int):
+    """The stream with the included audit canaries inserted at random positions."""
+    users, items, ratings = canaries.training_part()
+    at = np.sort(np.random.default_rng(seed + 11).integers(0, max(total, 1), len(ratings)))
+    seen, c = 0, 0
+    for batch in batches:
+        end = seen + len(batch)
+        take = np.flatnonzero((at >= seen) & (at < end)) if c < len(at) else np.empty(0, dtype=np.int64)
+        if len(take):
+            pos = at[take] - seen  # insert each canary at its position; the stream keeps its order
+            stamp = batch.timestamps[np.minimum(pos, len(batch) - 1)] if len(batch) else np.zeros(len(take))
+            batch = Ratings(np.insert(batch.users.astype(object), pos, users[take]),
+                            np.insert(batch.items.astype(object), pos, items[take]),
+                            np.insert(batch.ratings, pos, ratings[take]),
+                            np.insert(batch.timestamps, pos, stamp))
+            c += len(take)
+        seen = end
+        yield batch
+
+
+def make_service(model, expected_ratings: int, checkpoint_dir: Path | None, seed: int, monitor=None):
     """The model wrapped for serving, sized for the stream, and its service."""
     from stream.checkpoint import CheckpointStore
     from stream.recommender import Recommender
     from stream.service import LearningService
-    recommender = Recommender(model, pair_capacity=max(expected_ratings, 1000), seed=seed)
+    recommender = Recommender(model, pair_capacity=max(expected_ratings, 1000), seed=seed, monitor=monitor)
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     return recommender, LearningService(recommender, store)
 
@@ -251,6 +301,12 @@ def summary(result: dict) -> str:
         f"  parameters        d={p['dim']} lr={p['lr']} reg={p['reg']}"
         + (f" k={p['depth']} w={p['width']} gamma={p['space_gain']}" if "depth" in p else ""),
     ]
+    priv = result["privacy"]
+    lines.append(f"  privacy           mode {priv['mode']}; KLD "
+                 + (f"{result['kld']:.4f}" if result.get("kld") is not None else "n/a")
+                 + " (eq. 4.15, heuristic)"
+                 + (f"; canary audit epsilon >= {priv['audit_epsilon_lower_bound']:.2f} (95%)"
+                    if "audit" in priv else ""))
     if result["skipped_total"]:
         lines.append(f"  malformed lines   {result['skipped_total']:,} set aside: "
                      + ", ".join(f"{r}: {c}" for r, c in result["skipped"].items()))

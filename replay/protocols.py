@@ -14,6 +14,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from models.metrics import ErrorStats
+from privacy.audit import is_canary
+from privacy.leakage import kld_from_errors
 from stream.sources import Ratings
 
 Progress = Callable[[int, float, float], None]  # (ratings so far, running RMSE, ratings/s)
@@ -41,7 +43,12 @@ def prequential(model, batches: Iterable[Ratings], progress: Progress | None = N
     for batch in batches:
         t0_stream = _pace(batch, t0_stream, t0, speed)
         predictions = model.learn_many(batch.users, batch.items, batch.ratings)
-        errors.add(predictions, batch.ratings)
+        if batch.users.dtype == object:  # audit canaries are not part of the reported accuracy
+            real = ~is_canary(batch.users)
+            predictions, truth = predictions[real], batch.ratings[real]
+        else:
+            truth = batch.ratings
+        errors.add(predictions, truth)
         if progress:
             progress(errors.n, errors.rmse, errors.n / max(time.perf_counter() - t0, 1e-9))
     seconds = time.perf_counter() - t0
@@ -58,9 +65,14 @@ def split_holdout(ratings: Ratings, fraction: float, seed: int) -> tuple[Ratings
 
 
 def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
-            batch_size: int = 10_000, progress: Progress | None = None) -> dict:
-    """Train `epochs` passes on a random (1 - fraction) split, report errors on the rest."""
+            batch_size: int = 10_000, progress: Progress | None = None,
+            extra_train: Ratings | None = None) -> dict:
+    """Train `epochs` passes on a random (1 - fraction) split, report errors on the rest.
+
+    ``extra_train`` (e.g. audit canaries) joins the training part only."""
     train, test = split_holdout(ratings, fraction, seed)
+    if extra_train is not None and len(extra_train):
+        train = Ratings.concat([train, extra_train])
     rng = np.random.default_rng(seed + 1)
     t0 = time.perf_counter()
     learned = 0
@@ -73,8 +85,13 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             fit.add(model.predict_many(test.users, test.items), test.ratings)
             progress(learned, fit.rmse, learned / max(time.perf_counter() - t0, 1e-9))
     seconds = time.perf_counter() - t0
+    test_pred = model.predict_many(test.users, test.items)
+    train_err = model.predict_many(train.users, train.items) - train.ratings
+    test_err = test_pred - test.ratings
     errors = ErrorStats()
-    errors.add(model.predict_many(test.users, test.items), test.ratings)
+    errors.add(test_pred, test.ratings)
     return {"protocol": "holdout", "ratings": learned, "train": len(train), "test": len(test),
             "epochs": epochs, "holdout": fraction, "rmse": errors.rmse, "mae": errors.mae,
+            "train_rmse": float(np.sqrt(np.mean(train_err ** 2))),
+            "kld": kld_from_errors(train_err, test_err),  # thesis eq. 4.15: training vs test errors
             "seconds": seconds, "throughput_per_s": learned / max(seconds, 1e-9)}

@@ -58,6 +58,13 @@ class _ServiceCollector:
         for reason, count in stats["skipped"].items():
             skipped.add_metric([reason], count)
         yield skipped
+        privacy = self.service_ref().privacy()
+        for name, doc in (("kld", "Windowed KLD of seen vs unseen errors (eq. 4.15; heuristic)"),
+                          ("kld_cumulative", "Cumulative KLD of seen vs unseen errors")):
+            if privacy.get(name) is not None:
+                gauge = GaugeMetricFamily(f"sketchrec_privacy_{name}", doc)
+                gauge.add_metric([], privacy[name])
+                yield gauge
         for name, key, doc in (("model_bytes", "model_bytes", "Bytes of model state"),
                                ("catalogue_items", "catalogue_items", "Items seen so far"),
                                ("uptime_seconds", "uptime_s", "Seconds since start")):
@@ -108,9 +115,9 @@ def create_app(service: LearningService, admin_token: str | None = None,
         return Recommendations(user=user, source=source,
                                items=[ScoredItem(item=i, score=s) for i, s in items])
 
-    @app.get("/privacy", summary="The privacy monitor's current figures")
+    @app.get("/privacy", summary="The privacy guarantee of the training mode and the monitor's figures")
     def privacy_figures() -> dict:
-        figures = privacy() if privacy else {}
+        figures = privacy() if privacy else app.state.service.privacy()
         return {field: figures.get(field) for field in PRIVACY_FIELDS} | figures
 
     @app.get("/stats", summary="Learning counters, throughput, memory, checkpoint and offsets")

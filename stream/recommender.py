@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.base import ITEM, USER
+from privacy.audit import is_canary
 from sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
 from sketches.hashing import as_keys, key_of
 
@@ -77,12 +78,31 @@ class ItemSnapshot:
     cost: float           # seconds the read took
 
 
+class Monitored:
+    """A learner whose batches also feed a privacy monitor, without the serving structures."""
+
+    def __init__(self, model, monitor):
+        self.model, self.monitor = model, monitor
+
+    def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
+        ukeys, ikeys = as_keys(users), as_keys(items)
+        ratings = np.ascontiguousarray(ratings, dtype=np.float64)
+        predictions = self.model.learn_many(ukeys, ikeys, ratings, epoch=epoch)
+        self.monitor.observe(self.model, ukeys, ikeys, ratings, predictions)
+        return predictions
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
 class Recommender:
     """A learner plus the bounded structures that serving needs (see module docstring)."""
 
     def __init__(self, model, pair_capacity: int = 5_000_000, user_capacity: int = 1_000_000,
-                 fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0):
+                 fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0,
+                 monitor=None):
         self.model = model
+        self.monitor = monitor
         self.pairs_seen = BloomFilter(pair_capacity, fp_rate, seed=seed)
         self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
         self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
@@ -104,7 +124,13 @@ class Recommender:
         users = np.asarray(users) if not isinstance(users, np.ndarray) else users
         items = np.asarray(items) if not isinstance(items, np.ndarray) else items
         ukeys, ikeys = as_keys(users), as_keys(items)
+        ratings = np.ascontiguousarray(ratings, dtype=np.float64)
         predictions = self.model.learn_many(ukeys, ikeys, ratings, epoch=epoch)
+        if self.monitor is not None:
+            self.monitor.observe(self.model, ukeys, ikeys, ratings, predictions)
+        if users.dtype == object:  # audit canaries never reach the serving structures
+            real = ~is_canary(users)
+            users, items, ukeys, ikeys = users[real], items[real], ukeys[real], ikeys[real]
         self.pairs_seen.add_many(pair_keys(ukeys, ikeys))
         self.users_seen.add_many(ukeys)
         self.popularity.add_many(items, ikeys)
@@ -196,6 +222,7 @@ class Recommender:
         if serving["catalogue"]:
             cat = np.array(serving["catalogue"], dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
+        rec.monitor = None
         rec._init_runtime(refresh_s)
         return rec
 

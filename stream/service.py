@@ -12,6 +12,29 @@ from stream.checkpoint import CheckpointStore
 from stream.recommender import Recommender
 
 
+def privacy_figures(model, monitor=None, audit: dict | None = None) -> dict:
+    """The training mode's guarantee (and whether it is proven), the monitor's figures and the
+    last canary audit, as /privacy and `replay --json` report them."""
+    clip = getattr(model, "clip_loss", None)
+    sgld = getattr(model, "sgld_temperature", None)
+    figures = {"epsilon": None, "delta": None, "privacy_unit": None, "proven_bound": None,
+               "mode": "clip-loss" if clip else "sgld" if sgld else "non-private"}
+    if clip:
+        figures.update(epsilon=clip, privacy_unit="rating", proven_bound=False,
+                       guarantee="the thesis's claimed epsilon for loss clipping at epsilon (§4.2.2): "
+                       "heuristic, not a proven bound")
+    elif sgld:
+        figures.update(guarantee="SGLD without gradient clipping has no privacy bound")
+    else:
+        figures.update(guarantee="none: the model is trained without privacy protection")
+    if monitor is not None:
+        figures.update(monitor.figures())
+    if audit is not None:
+        figures["audit"] = audit
+        figures["audit_epsilon_lower_bound"] = audit["epsilon_lower_bound"]
+    return figures
+
+
 class LearningService:
     """What the live endpoint reads: the recommender and the figures about its learning.
 
@@ -30,6 +53,7 @@ class LearningService:
         self.offsets: dict = {}       # partition (str) -> next offset to consume
         self.started = time.time()
         self.last_checkpoint: dict | None = None
+        self.audit: dict | None = None  # the last canary audit's result, if any
         self._lock = threading.Lock()
         self._rate = (time.perf_counter(), 0)  # for ratings/s between two reads of stats
 
@@ -60,6 +84,10 @@ class LearningService:
                 "read_only": self.read_only, "checkpoint": self.last_checkpoint,
                 "prequential_rmse": self.errors.rmse if self.errors.n else None,
                 "offsets": self.offsets}
+
+    def privacy(self) -> dict:
+        """What /privacy reports (see ``privacy_figures``)."""
+        return privacy_figures(self.recommender.model, self.recommender.monitor, self.audit)
 
     def pause(self) -> None:
         self.recommender.learning.clear()

@@ -88,7 +88,8 @@ def test_privacy_stats_metrics_health(served):
     client, service, _ = served
     privacy = client.get("/privacy").json()
     assert set(privacy) >= {"epsilon", "delta", "privacy_unit", "mode", "proven_bound", "kld"}
-    assert all(v is None for v in privacy.values())
+    assert privacy["mode"] == "non-private" and privacy["epsilon"] is None
+    assert privacy["kld"] is None  # this service runs without a monitor
     stats = client.get("/stats").json()
     assert stats["ratings_learned"] == 20_000 and stats["skipped"] == {"missing fields": 2}
     assert stats["model_bytes"] == service.recommender.model.nbytes and stats["uptime_s"] > 0

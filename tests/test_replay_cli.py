@@ -98,3 +98,17 @@ def test_sketchrec_dispatches_subcommands(capsys):
     assert sketchrec_main(["replay", *SMALL_SYNTH, "--synthetic-ratings", "2000", "--quiet", "--json"]) == 0
     assert last_json(capsys)["ratings"] == 2000
     assert sketchrec_main(["experiment", "--list"]) == 0
+
+
+def test_replay_reports_kld_privacy_mode_and_canary_audit(capsys):
+    assert replay_main([*SMALL_SYNTH, "--quiet", "--json", "--audit-canaries", "200", "--clip-loss", "4"]) == 0
+    result = last_json(capsys)
+    assert result["ratings"] == 20_000  # canaries are learned but not counted in the accuracy
+    privacy = result["privacy"]
+    assert privacy["mode"] == "clip-loss" and privacy["epsilon"] == 4 and privacy["proven_bound"] is False
+    assert result["kld"] == privacy["kld"] and result["kld"] >= 0
+    audit = privacy["audit"]
+    assert audit["canaries"] == 200 and audit["guesses"] == 80 and 0 <= audit["correct"] <= 80
+    assert privacy["audit_epsilon_lower_bound"] == audit["epsilon_lower_bound"] >= 0
+    assert replay_main([*SMALL_SYNTH, "--quiet", "--json", "--no-monitor"]) == 0
+    assert last_json(capsys)["kld"] is None
