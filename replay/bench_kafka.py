@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--bootstrap")
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--limit", type=int, help="use only the first N ratings of the file")
     args = ap.parse_args(argv)
     broker = None
     if args.bootstrap is None:
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         data, _ = read_ratings(args.path)
         data = order_for_topic(data)
+        if args.limit:
+            data = data.take(slice(0, args.limit))
         span = int(max(data.users.max(), data.items.max())) + 1
         copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
                                          data.timestamps) for c in range(args.copies)])

@@ -4,8 +4,8 @@ process (a benchmark, not a test).
     python -m replay.bench_learners [PATH] [--runs 3] [--limit N]
 
 Each learner sees the same ratings in time order, predicting each before learning it. Figures are
-the median of `--runs` runs; river's BiasedMF runs on a prefix (`--river-limit`) because it is slow,
-and its throughput is measured on that prefix.
+the median of `--runs` runs; the slow per-rating learners (river, Vowpal Wabbit, SketchMF through
+`learn_one`) run on a prefix (`--slow-limit`), and their throughput is measured on that prefix.
 """
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from models import DenseMF, SketchMF
+from models.metrics import ErrorStats
 from models.river_adapters import RiverBiasedMF
 from privacy.monitor import PrivacyMonitor
+from replay.protocols import prequential
 from stream.recommender import Monitored
-from replay.protocols import ErrorStats, prequential
-from stream.sources import order_ratings, read_ratings
+from stream.sources import Ratings, order_ratings, read_ratings
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 
@@ -32,7 +35,6 @@ class _OneByOne:
         self.model = model
 
     def learn_many(self, users, items, ratings, epoch=0):
-        import numpy as np
         out = np.empty(len(ratings))
         for n, (u, i, r) in enumerate(zip(users.tolist(), items.tolist(), ratings.tolist())):
             out[n] = self.model.predict_one(u, i)
@@ -40,45 +42,91 @@ class _OneByOne:
         return out
 
 
+class VowpalWabbitMF:
+    """Vowpal Wabbit's matrix factorization (`--rank d -q ui`), fed the same examples one by one.
+
+    VW's `learn` predicts before it updates, which is the prequential prediction."""
+
+    def __init__(self, dim: int = 64, lr: float = 0.05):
+        import vowpalwabbit
+        self.ws = vowpalwabbit.Workspace(f"--quiet --rank {dim} -q ui --l2 0.0001 --learning_rate {lr} "
+                                         "--power_t 0 --loss_function squared")
+
+    def learn_many(self, users, items, ratings, epoch=0):
+        out = np.empty(len(ratings))
+        ws = self.ws
+        for n, (u, i, r) in enumerate(zip(users.tolist(), items.tolist(), ratings.tolist())):
+            ex = ws.parse(f"{r} |u {u} |i {i}")
+            ws.learn(ex)
+            out[n] = ex.get_simplelabel_prediction()
+            ws.finish_example(ex)
+        return np.clip(out, 1.0, 5.0)
+
+
+def vw_available() -> bool:
+    try:
+        import vowpalwabbit  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: int = 64) -> dict:
+    """Median throughput and RMSE of every learner on the same prequential stream."""
+    capacity = len(np.unique(data.users)) + len(np.unique(data.items))
+    slow = min(len(data), slow_limit)
+    learners = {
+        "sketch_batch": (lambda: SketchMF(capacity=capacity, dim=dim), len(data)),
+        "sketch_batch_monitored": (lambda: Monitored(SketchMF(capacity=capacity, dim=dim), PrivacyMonitor()),
+                                   len(data)),
+        "sketch_learn_one": (lambda: _OneByOne(SketchMF(capacity=capacity, dim=dim)), min(slow, 20_000)),
+        "dense_batch": (lambda: DenseMF(dim=dim), len(data)),
+        "river_biasedmf": (lambda: RiverBiasedMF(dim=dim), slow),
+    }
+    if vw_available():
+        learners["vowpal_wabbit"] = (lambda: VowpalWabbitMF(dim=dim), slow)
+    SketchMF(capacity=10, dim=dim).learn_many([1], [1], [3.0])  # compile outside the timings
+    results: dict = {"dim": dim, "ratings": len(data)}
+    for name, (make, n) in learners.items():
+        part = data.take(slice(0, n))
+        timed = [prequential(make(), part.batches(10_000)) for _ in range(runs)]
+        results[name] = {"ratings": n, "rmse": timed[0]["rmse"],
+                         "throughput_per_s": statistics.median(r["throughput_per_s"] for r in timed)}
+    prefix = data.take(slice(0, slow))  # accuracy on the prefix the slow learners saw
+    same = ErrorStats()
+    same.add(SketchMF(capacity=capacity, dim=dim).learn_many(prefix.users, prefix.items, prefix.ratings),
+             prefix.ratings)
+    results["sketch_rmse_on_slow_prefix"] = same.rmse
+    rate = {name: results[name]["throughput_per_s"] for name in learners}
+    results["ratio_sketch_over_river"] = rate["sketch_batch"] / rate["river_biasedmf"]
+    results["ratio_sketch_over_dense"] = rate["sketch_batch"] / rate["dense_batch"]
+    results["ratio_sketch_over_vw"] = rate["sketch_batch"] / rate["vowpal_wabbit"] if vw_available() else None
+    results["ratio_monitor_overhead"] = rate["sketch_batch"] / rate["sketch_batch_monitored"]
+    return results
+
+
+def print_table(results: dict) -> None:
+    for name, row in results.items():
+        if isinstance(row, dict):
+            print(f"  {name:24s} {row['ratings']:>9,} ratings  RMSE {row['rmse']:.4f}  "
+                  f"{row['throughput_per_s']:>12,.0f} ratings/s")
+    vw = results["ratio_sketch_over_vw"]
+    print(f"  sketch/river {results['ratio_sketch_over_river']:.1f}x, sketch/VW "
+          + (f"{vw:.2f}x" if vw else "n/a (vowpalwabbit not installed)")
+          + f", sketch/dense {results['ratio_sketch_over_dense']:.2f}x, "
+          f"monitor overhead {results['ratio_monitor_overhead']:.3f}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--river-limit", type=int, default=100_000)
+    ap.add_argument("--slow-limit", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=64)
     args = ap.parse_args(argv)
     data, _ = read_ratings(args.path)
-    data = order_ratings(data, "time")
-    capacity = len(set(data.users.tolist())) + len(set(data.items.tolist()))
-    learners = {
-        "sketch_batch": (lambda: SketchMF(capacity=capacity), len(data)),
-        "sketch_learn_one": (lambda: _OneByOne(SketchMF(capacity=capacity)), min(len(data), 20_000)),
-        "sketch_batch_monitored": (lambda: Monitored(SketchMF(capacity=capacity), PrivacyMonitor()), len(data)),
-        "dense_batch": (lambda: DenseMF(), len(data)),
-        "river_biasedmf": (lambda: RiverBiasedMF(), min(len(data), args.river_limit)),
-    }
-    SketchMF(capacity=capacity).learn_many(data.users[:10], data.items[:10], data.ratings[:10])  # compile
-    results = {}
-    for name, (make, n) in learners.items():
-        part = data.take(slice(0, n))
-        runs = [prequential(make(), part.batches(10_000)) for _ in range(args.runs)]
-        results[name] = {"ratings": n, "rmse": runs[0]["rmse"],
-                         "throughput_per_s": statistics.median(r["throughput_per_s"] for r in runs)}
-        print(f"{name:18s} {n:>8,} ratings  RMSE {runs[0]['rmse']:.4f}  "
-              f"{results[name]['throughput_per_s']:>12,.0f} ratings/s")
-    # accuracy on the same prefix river saw, for a like-for-like RMSE
-    prefix = data.take(slice(0, learners["river_biasedmf"][1]))
-    same = ErrorStats()
-    same.add(SketchMF(capacity=capacity).learn_many(prefix.users, prefix.items, prefix.ratings), prefix.ratings)
-    results["sketch_rmse_on_river_prefix"] = same.rmse
-    results["ratio_sketch_over_river"] = (results["sketch_batch"]["throughput_per_s"]
-                                          / results["river_biasedmf"]["throughput_per_s"])
-    results["ratio_sketch_over_dense"] = (results["sketch_batch"]["throughput_per_s"]
-                                          / results["dense_batch"]["throughput_per_s"])
-    results["ratio_monitor_overhead"] = (results["sketch_batch"]["throughput_per_s"]
-                                         / results["sketch_batch_monitored"]["throughput_per_s"])
-    print(f"monitor overhead: sketch alone / sketch with monitor = {results['ratio_monitor_overhead']:.3f}")
-    print(f"ratio sketch(batch)/river: {results['ratio_sketch_over_river']:.1f}x   "
-          f"sketch/dense: {results['ratio_sketch_over_dense']:.2f}x")
+    results = learner_table(order_ratings(data, "time"), args.runs, args.slow_limit, args.dim)
+    print_table(results)
     print(json.dumps(results))
     return results
 

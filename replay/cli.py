@@ -466,6 +466,8 @@ COMMANDS = {
     "serve": ("serve the newest checkpoint read-only over HTTP", serve_main),
     "consume": ("learn from a Kafka topic with checkpoints and dead letters", consume_main),
     "produce": ("publish a ratings file to a Kafka topic", produce_main),
+    "bench": ("throughput, memory, serving and Kafka benchmarks against river and Vowpal Wabbit",
+              lambda argv: __import__("replay.bench", fromlist=["main"]).main(argv)),
 }
 
 

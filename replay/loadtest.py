@@ -126,6 +126,26 @@ def _run(path: Path, port: int, seconds: float, load=None) -> tuple[float, dict 
         proc.wait()
 
 
+def run_load_test(path: Path, seconds: float = 15, concurrency: int = 16, port: int = 8765,
+                  client: str = "auto") -> dict:
+    """Learning rate alone and under load, and the load's request figures."""
+    from stream.sources import read_ratings
+    data, _ = read_ratings(path)
+    n_users, n_items = int(data.users.max()), int(data.items.max())  # MovieLens ids are 1..n
+    use_wrk = client == "wrk" or (client == "auto" and shutil.which("wrk"))
+
+    def load(base):
+        if use_wrk:
+            return _wrk(base, seconds, concurrency, n_users, n_items)
+        return asyncio.run(_httpx_load(base, seconds, concurrency, n_users, n_items))
+
+    alone, _ = _run(path, port, seconds)
+    loaded, result = _run(path, port, seconds, load)
+    return {**result, "requests_per_s": result["requests"] / result["seconds"],
+            "concurrency": concurrency, "learning_per_s_alone": alone,
+            "learning_per_s_under_load": loaded}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA)
@@ -134,26 +154,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--client", choices=("auto", "wrk", "httpx"), default="auto")
     args = ap.parse_args(argv)
-    from stream.sources import read_ratings
-    data, _ = read_ratings(args.path)
-    n_users, n_items = int(data.users.max()), int(data.items.max())  # MovieLens ids are 1..n
-    use_wrk = args.client == "wrk" or (args.client == "auto" and shutil.which("wrk"))
-
-    def load(base):
-        if use_wrk:
-            return _wrk(base, args.seconds, args.concurrency, n_users, n_items)
-        return asyncio.run(_httpx_load(base, args.seconds, args.concurrency, n_users, n_items))
-
-    alone, _ = _run(args.path, args.port, args.seconds)
-    loaded, result = _run(args.path, args.port, args.seconds, load)
-    report = {**result, "requests_per_s": result["requests"] / result["seconds"],
-              "concurrency": args.concurrency, "learning_per_s_alone": alone,
-              "learning_per_s_under_load": loaded}
-    print(f"{report['requests']:,} requests in {result['seconds']:.1f} s = {report['requests_per_s']:,.0f} req/s "
+    report = run_load_test(args.path, args.seconds, args.concurrency, args.port, args.client)
+    print(f"{report['requests']:,} requests in {report['seconds']:.1f} s = {report['requests_per_s']:,.0f} req/s "
           f"({report['client']}, 50/50 /predict and /recommend, {args.concurrency} connections), "
           f"errors {report['errors']}")
     print(f"latency p50 {report['p50_ms']:.2f} ms, p99 {report['p99_ms']:.2f} ms")
-    print(f"learning {alone:,.0f} ratings/s alone, {loaded:,.0f} ratings/s under load")
+    print(f"learning {report['learning_per_s_alone']:,.0f} ratings/s alone, "
+          f"{report['learning_per_s_under_load']:,.0f} ratings/s under load")
     print(json.dumps(report))
     return report
 

@@ -1,0 +1,231 @@
+"""`sketchrec bench`: throughput, memory, serving and Kafka figures against river, Vowpal Wabbit and
+the dense baseline, side by side in one command. Every throughput figure is the median of >= 3 runs.
+
+Sections: learners on ML-100k and on a synthetic stream (d = 32); resident memory against the number
+of distinct users (each model in its own process); serving latency while learning; Kafka topic ->
+model against the bare consumer; the physical limit of a rating update. `--quick` shrinks every
+section so the whole report takes well under a minute (the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from replay.bench_learners import DEFAULT_DATA, learner_table, print_table
+from stream.sources import SyntheticStream, order_ratings, read_ratings
+
+DIM = 32
+
+_MEMORY_PROBE = r"""
+import json, os, sys
+import numpy as np
+model_name, n_users = sys.argv[1], int(sys.argv[2])
+def rss():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+if model_name == "sketch":
+    from models import SketchMF
+    model = SketchMF(capacity=200_000, dim=32, space_gain=4.0)
+    model.vectors.cells.fill(1e-30); model.biases.cells.fill(1e-30)  # make the fixed allocation resident
+elif model_name == "dense":
+    from models import DenseMF
+    model = DenseMF(dim=32)
+else:
+    from models.river_adapters import RiverBiasedMF
+    model = RiverBiasedMF(dim=32)
+# ids drawn uniformly (no per-user generator state to confuse the measurement); 2 ratings per user
+rng, batch, total = np.random.default_rng(1), 20_000, 2 * n_users
+def chunk(n):
+    return rng.integers(1, n_users + 1, n), rng.integers(1, 2001, n), rng.integers(1, 6, n).astype(float)
+model.learn_many(*chunk(batch))           # warm-up: compilation and batch-sized temporaries
+before = rss()
+for start in range(0, total, batch):
+    model.learn_many(*chunk(min(batch, total - start)))
+after = rss()
+rng = np.random.default_rng(1)            # the same ids again, counted after measuring
+users = np.unique(np.concatenate([chunk(min(batch, total - s))[0] for s in [0] + list(range(0, total, batch))]))
+print(json.dumps({"rss_total_bytes": after, "rss_growth_bytes": after - before,
+                  "distinct_users": int(len(users)), "model_bytes": int(model.nbytes)}))
+"""
+
+
+def memory_scaling(sizes: list[int]) -> dict:
+    """Resident-memory growth while learning streams with more and more distinct users."""
+    out: dict = {}
+    for model in ("sketch", "dense", "river"):
+        rows = []
+        for n in sizes:
+            res = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, model, str(n)], capture_output=True,
+                                 text=True, check=True, timeout=1800)
+            rows.append({"users": n, **json.loads(res.stdout.strip().splitlines()[-1])})
+        out[model] = rows
+    totals = [r["rss_total_bytes"] for r in out["sketch"]]
+    out["sketch_rss_spread"] = (max(totals) - min(totals)) / min(totals)  # flat = small
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _random_updates(cells, idx):
+    for n in range(idx.shape[0]):
+        cells[idx[n]] += 1.0
+
+
+def physical_limit(model_cells: int, k: int = 4, d: int = DIM) -> dict:
+    """Bytes a rating update touches (2kd cells, read and written) and the machine's random
+    read-modify-write rate on an array of the model's size."""
+    rng = np.random.default_rng(0)
+    cells = np.zeros(model_cells, dtype=np.float32)
+    idx = rng.integers(0, model_cells, 4_000_000)
+    _random_updates(cells, idx[:10])
+    best = min(_timed(lambda: _random_updates(cells, idx)) for _ in range(3))
+    rate = len(idx) / best
+    per_rating = 2 * k * d
+    return {"cells_per_rating": per_rating, "bytes_per_rating": per_rating * 4 * 2,
+            "random_updates_per_s": rate, "bound_ratings_per_s": rate / per_rating}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def serving(seconds: float, client: str) -> dict:
+    from replay.loadtest import run_load_test
+    return run_load_test(DEFAULT_DATA, seconds=seconds, concurrency=16, port=_free_port(), client=client)
+
+
+def kafka(copies: int, limit: int | None) -> dict:
+    from replay.bench_kafka import main as kafka_main
+    argv = ["--copies", str(copies)] + (["--limit", str(limit)] if limit else [])
+    return kafka_main(argv)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _plot(memory: dict, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for model in ("sketch", "dense", "river"):
+        rows = memory[model]
+        ax.plot([r["distinct_users"] for r in rows], [r["rss_total_bytes"] / 2**20 for r in rows],
+                marker="o", label=model)
+    ax.set_xscale("log")
+    ax.set_xlabel("distinct users learned")
+    ax.set_ylabel("process resident memory (MiB)")
+    ax.set_title("Memory against users (d = 32)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "memory.png", dpi=120)
+    plt.close(fig)
+
+
+def _markdown(report: dict) -> str:
+    lines = ["# sketchrec bench", "", f"Command: `{report['command']}`", ""]
+    for stream in ("ml100k", "synthetic"):
+        t = report["learners"][stream]
+        lines += [f"## Learners on {stream} ({t['ratings']:,} ratings, d = {t['dim']})", "",
+                  "| learner | ratings | RMSE | ratings/s |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['ratings']:,} | {v['rmse']:.4f} | {v['throughput_per_s']:,.0f} |"
+                  for k, v in t.items() if isinstance(v, dict)]
+        vw = t["ratio_sketch_over_vw"]
+        lines += ["", f"sketch/river {t['ratio_sketch_over_river']:.1f}x; sketch/VW "
+                  + (f"{vw:.2f}x" if vw else "n/a") + f"; monitor overhead {t['ratio_monitor_overhead']:.3f}", ""]
+    lines += ["## Memory against distinct users", "",
+              "| model | users | process RSS (MiB) | growth while learning (MiB) | model bytes |",
+              "|---|---|---|---|---|"]
+    for model in ("sketch", "dense", "river"):
+        lines += [f"| {model} | {r['distinct_users']:,} | {r['rss_total_bytes'] / 2**20:.1f} | "
+                  f"{r['rss_growth_bytes'] / 2**20:.1f} | {r['model_bytes']:,} |" for r in report["memory"][model]]
+    lines += ["", f"SketchMF resident memory spread across sizes: {report['memory']['sketch_rss_spread']:.1%}"]
+    p = report["physical_limit"]
+    lines += ["", "## Physical limit", "",
+              f"{p['cells_per_rating']} cells ({p['bytes_per_rating']} bytes read and written) per rating; "
+              f"{p['random_updates_per_s']:,.0f} random updates/s on a model-sized array -> at most "
+              f"{p['bound_ratings_per_s']:,.0f} ratings/s; measured {report['sketch_fraction_of_bound']:.0%} of it."]
+    if report.get("serving"):
+        s = report["serving"]
+        lines += ["", "## Serving while learning", "",
+                  f"{s['requests_per_s']:,.0f} requests/s ({s['client']}), p50 {s['p50_ms']:.2f} ms, "
+                  f"p99 {s['p99_ms']:.2f} ms, errors {s['errors']}; learning {s['learning_per_s_alone']:,.0f} "
+                  f"ratings/s alone, {s['learning_per_s_under_load']:,.0f} under load."]
+    if report.get("kafka"):
+        lines += ["", "## Kafka", "", "```", json.dumps(report["kafka"], indent=1), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sketchrec bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes (well under a minute)")
+    ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--no-kafka", action="store_true")
+    ap.add_argument("--no-serving", action="store_true")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    q = args.quick
+    t0 = time.perf_counter()
+    report: dict = {"command": "sketchrec bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "quick": q, "learners": {}}
+
+    data, _ = read_ratings(args.data)
+    data = order_ratings(data, "time")
+    if q:
+        data = data.take(slice(0, 20_000))
+    report["learners"]["ml100k"] = learner_table(data, runs=3, slow_limit=3_000 if q else 100_000, dim=DIM)
+    synth = SyntheticStream(n_ratings=50_000 if q else 5_000_000, n_users=5_000 if q else 1_000_000,
+                            n_items=2_000 if q else 20_000, seed=0).all()
+    report["learners"]["synthetic"] = learner_table(synth, runs=3, slow_limit=3_000 if q else 100_000, dim=DIM)
+    del synth
+    for name, table in report["learners"].items():
+        print(f"learners on {name}:")
+        print_table(table)
+
+    report["memory"] = memory_scaling([1_000, 10_000] if q else [10_000, 100_000, 1_000_000])
+    _plot(report["memory"], args.out)
+
+    sketch_cells = 4 * 2 * int(np.ceil(2625 * DIM / 4))  # the ML-100k sketch at gamma = 1, both sketches
+    report["physical_limit"] = physical_limit(max(sketch_cells, 1 << 16))
+    report["sketch_fraction_of_bound"] = (report["learners"]["ml100k"]["sketch_batch"]["throughput_per_s"]
+                                          / report["physical_limit"]["bound_ratings_per_s"])
+
+    report["serving"] = None if args.no_serving else serving(2.0 if q else 15.0, "httpx" if q else "auto")
+    report["kafka"] = None
+    if not args.no_kafka:
+        try:
+            report["kafka"] = kafka(1, 10_000 if q else None)
+        except (ImportError, FileNotFoundError) as exc:
+            report["kafka"] = {"skipped": f"no broker available: {exc}"}
+
+    ml = report["learners"]["ml100k"]
+    report["ratio_sketch_over_river"] = ml["ratio_sketch_over_river"]
+    report["ratio_sketch_over_vw"] = ml["ratio_sketch_over_vw"]
+    report["ratio_monitor_overhead"] = ml["ratio_monitor_overhead"]
+    report["seconds"] = time.perf_counter() - t0
+    (args.out / "bench.json").write_text(json.dumps(report, indent=1))
+    (args.out / "bench.md").write_text(_markdown(report))
+    print(f"wrote {args.out}/bench.json, bench.md, memory.png in {report['seconds']:.0f} s")
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
