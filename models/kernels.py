@@ -180,18 +180,18 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
         counters[LEARNED] += 1
 
 
+@njit(inline="always", cache=True)
+def read_scratch(k, d):
+    """Buffers for reading one rating's factors: addresses and signs (vectors, biases), p, q,
+    a start vector and a bias."""
+    return (np.empty((k, d), dtype=np.int64), np.empty((k, d)), np.empty((k, 1), dtype=np.int64),
+            np.empty((k, 1)), np.empty(d), np.empty(d), np.empty(d), np.empty(1))
+
+
 @njit(nogil=True, cache=True)
 def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
                    ukeys, ikeys, hp, stats, clip, out):
-    k, d = salts_u.shape
-    addr = np.empty((k, d), dtype=np.int64)
-    sign = np.empty((k, d), dtype=np.float64)
-    baddr = np.empty((k, 1), dtype=np.int64)
-    bsign = np.empty((k, 1), dtype=np.float64)
-    p = np.empty(d)
-    q = np.empty(d)
-    start = np.empty(d)
-    b = np.empty(1)
+    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u.shape[0], salts_u.shape[1])
     mu = mean_of(stats)
     for n in range(ukeys.shape[0]):
         read_factor(cells, salts_u, init_u, ukeys[n], hp[INIT_STD], addr, sign, p, start)
@@ -205,15 +205,7 @@ def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init
 def sketch_score(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
                  ukey, ikeys, hp, stats, out):
     """Unclipped scores of many items for ONE user (ranking): the user's vector is read once."""
-    k, d = salts_u.shape
-    addr = np.empty((k, d), dtype=np.int64)
-    sign = np.empty((k, d), dtype=np.float64)
-    baddr = np.empty((k, 1), dtype=np.int64)
-    bsign = np.empty((k, 1), dtype=np.float64)
-    p = np.empty(d)
-    q = np.empty(d)
-    start = np.empty(d)
-    b = np.empty(1)
+    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u.shape[0], salts_u.shape[1])
     read_factor(cells, salts_u, init_u, ukey, hp[INIT_STD], addr, sign, p, start)
     base = mean_of(stats) + read_bias(bias_cells, bsalts_u, ukey, baddr, bsign, b)
     for n in range(ikeys.shape[0]):
