@@ -64,6 +64,26 @@ def split_holdout(ratings: Ratings, fraction: float, seed: int) -> tuple[Ratings
     return ratings.take(np.sort(perm[n_test:])), ratings.take(np.sort(perm[:n_test]))
 
 
+def train_epochs(model, train: Ratings, epochs: int, seed: int, batch_size: int = 10_000,
+                 after_epoch: Callable[[int, int], None] | None = None) -> int:
+    """`epochs` passes over `train`, shuffled each epoch (seeded), eta_t by epoch; ratings learned."""
+    rng = np.random.default_rng(seed)
+    learned = 0
+    for epoch in range(epochs):
+        for batch in train.take(rng.permutation(len(train))).batches(batch_size):
+            model.learn_many(batch.users, batch.items, batch.ratings, epoch=epoch)
+            learned += len(batch)
+        if after_epoch:
+            after_epoch(epoch, learned)
+    return learned
+
+
+def rmse_on(model, data: Ratings) -> float:
+    errors = ErrorStats()
+    errors.add(model.predict_many(data.users, data.items), data.ratings)
+    return errors.rmse
+
+
 def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             batch_size: int = 10_000, progress: Progress | None = None,
             extra_train: Ratings | None = None) -> dict:
@@ -73,17 +93,15 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
     train, test = split_holdout(ratings, fraction, seed)
     if extra_train is not None and len(extra_train):
         train = Ratings.concat([train, extra_train])
-    rng = np.random.default_rng(seed + 1)
     t0 = time.perf_counter()
-    learned = 0
-    for epoch in range(epochs):
-        for batch in train.take(rng.permutation(len(train))).batches(batch_size):
-            model.learn_many(batch.users, batch.items, batch.ratings, epoch=epoch)
-            learned += len(batch)
+
+    def each_epoch(epoch: int, learned: int) -> None:
         if progress:
             fit = ErrorStats()
             fit.add(model.predict_many(test.users, test.items), test.ratings)
             progress(learned, fit.rmse, learned / max(time.perf_counter() - t0, 1e-9))
+
+    learned = train_epochs(model, train, epochs, seed + 1, batch_size, each_epoch)
     seconds = time.perf_counter() - t0
     test_pred = model.predict_many(test.users, test.items)
     train_err = model.predict_many(train.users, train.items) - train.ratings
