@@ -382,6 +382,8 @@ def experiment_main(argv: list[str] | None = None) -> int:
 
 
 def consume_main(argv: list[str] | None = None) -> int:
+    from kafka.errors import KafkaError
+
     from models import DenseMF, SketchMF
     from stream.kafka_runtime import KafkaLearner, resume_or_create
     ap = argparse.ArgumentParser(prog="sketchrec consume", description="Learn from a Kafka topic of "
@@ -415,8 +417,13 @@ def consume_main(argv: list[str] | None = None) -> int:
         ap.error("--rating-range takes L,U or 'none'")
     service = resume_or_create(args.checkpoint, lambda: make_model(args, args.capacity),
                                {"SketchMF": SketchMF, "DenseMF": DenseMF}, args.expected_ratings, args.seed)
-    learner = KafkaLearner(service, args.bootstrap, args.topic, args.group, args.dead_topic, rating_range,
-                           args.checkpoint_every, args.checkpoint_seconds)
+    try:
+        learner = KafkaLearner(service, args.bootstrap, args.topic, args.group, args.dead_topic,
+                               rating_range, args.checkpoint_every, args.checkpoint_seconds)
+    except (KafkaError, RuntimeError) as exc:
+        print(f"sketchrec consume: cannot consume {args.topic!r} from {args.bootstrap}: {exc} "
+              f"(nothing was learned; the checkpoint in {args.checkpoint} is untouched)", file=sys.stderr)
+        return 2
     server = start_server(service, args.serve, args.admin_token) if args.serve else None
 
     def stop(signum, frame):
@@ -436,6 +443,8 @@ def consume_main(argv: list[str] | None = None) -> int:
 
 
 def produce_main(argv: list[str] | None = None) -> int:
+    from kafka.errors import KafkaError
+
     from stream.kafka_produce import order_for_topic, produce
     ap = argparse.ArgumentParser(prog="sketchrec produce", description="Publish a ratings file to a "
                                  "Kafka topic (keyed by user; the topic is created if needed).")
@@ -450,8 +459,12 @@ def produce_main(argv: list[str] | None = None) -> int:
         print(f"sketchrec produce: no such file: {args.path}", file=sys.stderr)
         return 2
     data, report = read_ratings(args.path)
-    result = produce(order_for_topic(data), args.bootstrap, args.topic, args.batch, args.rate,
-                     args.partitions)
+    try:
+        result = produce(order_for_topic(data), args.bootstrap, args.topic, args.batch, args.rate,
+                         args.partitions)
+    except KafkaError as exc:
+        print(f"sketchrec produce: cannot publish to {args.bootstrap}: {exc}", file=sys.stderr)
+        return 2
     result["skipped"] = dict(report.skipped)
     print(f"produced {result['ratings']:,} ratings in {result['messages']:,} messages to {args.topic} "
           f"in {result['seconds']:.1f} s ({result['ratings_per_s']:,.0f} ratings/s)", file=sys.stderr)

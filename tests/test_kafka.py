@@ -168,3 +168,12 @@ def test_malformed_messages_are_counted_dead_lettered_and_the_rest_learned(kafka
     assert all(x["topic"] == topic and x["offset"] >= 0 for x in letters)
     oversized = next(x for x in letters if x["reason"] == "oversized id")
     assert bytes.fromhex(oversized["value_hex"]).startswith(b"uuuu")
+
+
+def test_dead_broker_is_a_clear_error_and_touches_nothing(tmp_path):
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    out = subprocess.run([sys.executable, "-m", "replay.cli", "consume", "--bootstrap", dead, "--topic", "t",
+                          "--checkpoint", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "cannot consume 't'" in out.stderr and "Traceback" not in out.stderr
+    assert CheckpointStore(tmp_path).latest() is None
