@@ -48,7 +48,7 @@ class FactorizationModel(Ranker):
         self.init_std, self.lr_schedule_T = float(init_std), float(lr_schedule_T)
         self.sgld_temperature, self.clip_loss = sgld_temperature, clip_loss
         self.stats = np.zeros(4, dtype=np.float64)        # count, sum, min, max of learned ratings
-        self.counters = np.zeros(2, dtype=np.int64)       # learned, skipped by loss clipping
+        self.counters = np.zeros(3, dtype=np.int64)       # learned, skipped: loss clipping, divergence
         self._init_salts = [salt_table(self.seed or 0, fam + _INIT_FAMILY_OFFSET, 1, self.dim)[0]
                             for fam in (USER, ITEM)]
         K.seed_numba(int(self.seed or 0))
@@ -61,6 +61,11 @@ class FactorizationModel(Ranker):
     @property
     def n_skipped_clip(self) -> int:
         return int(self.counters[K.SKIPPED_CLIP])
+
+    @property
+    def n_skipped_diverged(self) -> int:
+        """Steps skipped because they would have written inf/NaN (learning rate too high)."""
+        return int(self.counters[K.SKIPPED_DIVERGED])
 
     @property
     def global_mean(self) -> float:

@@ -29,7 +29,8 @@ LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU = range(6)
 # positions in the running-statistics vector: count, sum, min, max of learned ratings
 COUNT, TOTAL, RMIN, RMAX = range(4)
 # positions in the counters vector
-LEARNED, SKIPPED_CLIP = range(2)
+LEARNED, SKIPPED_CLIP, SKIPPED_DIVERGED = range(3)
+DIVERGED = 1e6  # error or update norm beyond which a step counts as divergence (float32 cells)
 
 _S11 = np.uint64(11)
 _ONE = np.uint64(1)
@@ -84,12 +85,19 @@ def record_rating(stats, r):
 
 @njit(inline="always", cache=True)
 def sgd_deltas(e, p, q, bu, bi, hp, dp, dq):
-    """Fill dp, dq with the latent steps; return the two bias steps."""
+    """Fill dp, dq with the latent steps; return the two bias steps and whether the step is sane.
+
+    A diverging learner (learning rate too high) must not write inf or NaN into float32 cells:
+    a step whose error or update norm exceeds DIVERGED is skipped and counted instead."""
     lr, reg = hp[LR], hp[REG]
+    energy = 0.0
     for l in range(p.shape[0]):
         dp[l] = -lr * (e * q[l] + reg * p[l])
         dq[l] = -lr * (e * p[l] + reg * q[l])
-    return -lr * (e + hp[BIAS_REG] * bu), -lr * (e + hp[BIAS_REG] * bi)
+        energy += dp[l] * dp[l] + dq[l] * dq[l]
+    dbu, dbi = -lr * (e + hp[BIAS_REG] * bu), -lr * (e + hp[BIAS_REG] * bi)
+    energy += dbu * dbu + dbi * dbi + e * e
+    return dbu, dbi, energy < DIVERGED * DIVERGED  # False for inf and NaN too
 
 
 @njit(inline="always", cache=True)
@@ -169,7 +177,10 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
         if e * e > hp[CLIP_LOSS]:  # thesis §4.2.1: skip ratings whose loss exceeds epsilon
             counters[SKIPPED_CLIP] += 1
             continue
-        dbu, dbi = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
+        dbu, dbi, finite = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
+        if not finite:
+            counters[SKIPPED_DIVERGED] += 1
+            continue
         scatter_noisy(cells, au, su, dp, noise_std)
         scatter_noisy(cells, ai, si, dq, noise_std)
         db[0] = dbu
@@ -236,7 +247,10 @@ def dense_learn(P, Q, bu_arr, bi_arr, uidx, iidx, ratings, hp, stats, counters, 
         if e * e > hp[CLIP_LOSS]:
             counters[SKIPPED_CLIP] += 1
             continue
-        dbu, dbi = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
+        dbu, dbi, finite = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
+        if not finite:
+            counters[SKIPPED_DIVERGED] += 1
+            continue
         for l in range(d):
             P[u, l] += dp[l] + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
             Q[i, l] += dq[l] + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)

@@ -211,7 +211,8 @@ def run(args) -> dict:
                    **({"depth": args.depth, "width": model.width, "space_gain": args.space_gain}
                       if args.model == "sketch" else {}),
                    **({"sgld": args.sgld, "clip_loss": args.clip_loss,
-                       "skipped_by_clip_loss": model.n_skipped_clip} if args.model != "river" else {})},
+                       "skipped_by_clip_loss": model.n_skipped_clip,
+                       "skipped_diverged": model.n_skipped_diverged} if args.model != "river" else {})},
     })
     audit = canaries.audit(model) if canaries is not None else None
     if service is not None:

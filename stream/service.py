@@ -71,9 +71,10 @@ class LearningService:
         self._rate = (now, learned)
         uptime = time.time() - self.started
         skipped = dict(self.skipped)
-        clipped = self.recommender.n_skipped_clip
-        if clipped:
-            skipped["loss clipped"] = clipped
+        for reason, count in (("loss clipped", self.recommender.n_skipped_clip),
+                              ("diverged", getattr(self.recommender.model, "n_skipped_diverged", 0))):
+            if count:
+                skipped[reason] = count
         return {"ratings_learned": learned, "skipped": skipped,
                 "throughput_per_s": (learned - before) / max(now - then, 1e-9),
                 "mean_throughput_per_s": learned / max(uptime, 1e-9),

@@ -66,7 +66,7 @@ def test_sketch_memory_is_fixed_while_dense_grows():
         batch = SyntheticStream(n_ratings=20_000, n_users=50_000, n_items=5_000, seed=seed).all()
         sketch.learn_many(batch.users + seed * 10**6, batch.items, batch.ratings)
         dense.learn_many(batch.users + seed * 10**6, batch.items, batch.ratings)
-    assert sketch.nbytes == before == (4 * 4096 + 4 * 2048) * 4 + 48  # cells + stats + counters
+    assert sketch.nbytes == before == (4 * 4096 + 4 * 2048) * 4 + 56  # cells + stats + counters
     assert dense.nbytes > 10 * before
 
 
@@ -164,3 +164,16 @@ def test_score_items_equals_unclipped_predictions():
         items = np.unique(data.items)
         expected = model.predict_many(np.full(len(items), 17), items, clip=False)
         np.testing.assert_allclose(model.score_items(17, items), expected, rtol=0, atol=1e-12)
+
+
+def test_a_diverging_learner_never_writes_inf_or_nan():
+    data = small_stream(5000)
+    for model in (SketchMF(capacity=300, dim=16, lr=2.0, reg=0.0, bias_reg=0.0),
+                  DenseMF(dim=16, lr=2.0, reg=0.0, bias_reg=0.0)):
+        preds = model.learn_many(data.users, data.items, data.ratings)
+        assert model.n_skipped_diverged > 0  # this learning rate does blow up
+        assert model.n_learned + model.n_skipped_diverged == 5000
+        assert np.isfinite(model.predict_many(data.users, data.items)).all()
+        cells = model.vectors.cells if isinstance(model, SketchMF) else model._tables[0].vectors
+        assert np.isfinite(cells).all()
+        assert np.isfinite(preds[: 100]).all()
