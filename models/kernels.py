@@ -101,6 +101,19 @@ def sgd_deltas(e, p, q, bu, bi, hp, dp, dq):
 
 
 @njit(inline="always", cache=True)
+def step_or_skip(e, p, q, bu, bi, hp, counters, dp, dq):
+    """One rating's step decision, shared by both learners: skip (and count) it when its loss
+    exceeds the clipping epsilon (thesis §4.2.1) or when it would diverge; else fill the deltas."""
+    if e * e > hp[CLIP_LOSS]:
+        counters[SKIPPED_CLIP] += 1
+        return False, 0.0, 0.0
+    dbu, dbi, sane = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
+    if not sane:
+        counters[SKIPPED_DIVERGED] += 1
+    return sane, dbu, dbi
+
+
+@njit(inline="always", cache=True)
 def scatter_noisy(cells, addr, sign, delta, noise_std):
     k, d = addr.shape
     for l in range(d):
@@ -173,13 +186,8 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
         bi = read_bias(bias_cells, bsalts_i, ikeys[n], abi, sbi, b)
         pred = mean_of(stats) + bu + bi + dot(p, q)
         out_pred[n] = clip_to_range(pred, stats)
-        e = pred - ratings[n]
-        if e * e > hp[CLIP_LOSS]:  # thesis §4.2.1: skip ratings whose loss exceeds epsilon
-            counters[SKIPPED_CLIP] += 1
-            continue
-        dbu, dbi, finite = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
-        if not finite:
-            counters[SKIPPED_DIVERGED] += 1
+        take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
+        if not take:
             continue
         scatter_noisy(cells, au, su, dp, noise_std)
         scatter_noisy(cells, ai, si, dq, noise_std)
@@ -243,13 +251,8 @@ def dense_learn(P, Q, bu_arr, bi_arr, uidx, iidx, ratings, hp, stats, counters, 
         bu, bi = bu_arr[u], bi_arr[i]
         pred = mean_of(stats) + bu + bi + dot
         out_pred[n] = clip_to_range(pred, stats)
-        e = pred - ratings[n]
-        if e * e > hp[CLIP_LOSS]:
-            counters[SKIPPED_CLIP] += 1
-            continue
-        dbu, dbi, finite = sgd_deltas(e, p, q, bu, bi, hp, dp, dq)
-        if not finite:
-            counters[SKIPPED_DIVERGED] += 1
+        take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
+        if not take:
             continue
         for l in range(d):
             P[u, l] += dp[l] + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
