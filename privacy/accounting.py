@@ -19,7 +19,12 @@ import math
 from dataclasses import asdict, dataclass
 
 import dp_accounting
+from absl import logging as absl_logging
 from dp_accounting import pld, rdp
+
+# dp-accounting logs a warning for every RDP order whose series does not converge (it then
+# leaves that order out, which keeps the bound valid): noise on a command line, not news
+absl_logging.set_verbosity(absl_logging.ERROR)
 
 ACCOUNTANTS = ("rdp", "pld")
 
@@ -119,6 +124,15 @@ class PrivacyLedger:
                 hi = mid
         return lo
 
+    def begin_pass(self, noise_multiplier: float, budget: float | None = None) -> bool:
+        """Record one more pass over a stream (each rating in one noisy step; a restart or a
+        replay of offsets is a new pass: replayed ratings are counted again). False, and nothing
+        recorded, when the pass would take epsilon over ``budget``."""
+        if budget is not None and self.epsilon_if(noise_multiplier) > budget:
+            return False
+        self.record(noise_multiplier)
+        return True
+
     def to_dict(self) -> dict:
         return {"unit": self.unit, "delta": self.delta, "accountant": self.accountant,
                 "steps": [asdict(s) for s in self.steps]}
@@ -127,6 +141,17 @@ class PrivacyLedger:
     def from_dict(cls, data: dict) -> "PrivacyLedger":
         return cls(data["unit"], data["delta"], data.get("accountant", "rdp"),
                    [GaussianSteps(**s) for s in data["steps"]])
+
+
+def describe(ledger: PrivacyLedger, mode: str = "dp-sgd") -> dict:
+    """The figures /privacy and `replay --json` report for a DP-SGD-trained model."""
+    eps = ledger.epsilon()
+    return {"mode": mode, "epsilon": eps, "delta": ledger.delta, "privacy_unit": ledger.unit,
+            "proven_bound": True, "accountant": ledger.accountant, "noisy_releases": ledger.n_releases,
+            "guarantee": f"({eps:.4g}, {ledger.delta:g})-DP for one {ledger.unit} in or out, proven "
+                         f"by {ledger.accountant.upper()} accounting over every noisy iterate so far "
+                         "(serving each intermediate model is covered); assumes the noise is as "
+                         "recorded and the hash seed, rating range and stream length are public"}
 
 
 def calibrate_noise(target_epsilon: float, delta: float, sampling_rate: float = 1.0,

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Iterable
 
 import numpy as np
@@ -78,6 +79,64 @@ def train_epochs(model, train: Ratings, epochs: int, seed: int, batch_size: int 
     return learned
 
 
+def cap_per_user(data: Ratings, cap: int) -> Ratings:
+    """The first ``cap`` ratings of each user, in the data's order (exact counts: the user unit's
+    sensitivity needs every user to hold at most ``cap`` ratings and nothing else to change)."""
+    order = np.argsort(data.users, kind="stable")
+    users = data.users[order]
+    starts = np.r_[0, np.flatnonzero(users[1:] != users[:-1]) + 1]
+    rank = np.arange(len(users)) - np.repeat(starts, np.diff(np.r_[starts, len(users)]))
+    return data.take(np.sort(order[rank < cap]))
+
+
+def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=None,
+                         budget: float | None = None,
+                         after_epoch: Callable[[int, int], None] | None = None,
+                         target_epsilon: float | None = None) -> dict:
+    """DP-SGD epochs with Poisson sampling: each noisy step takes every rating (rating unit) or
+    every user with all of its capped ratings (user unit) independently with probability q,
+    q = batch_size / ratings, and there are round(1/q) steps per epoch. Every step is recorded
+    in ``ledger`` (a ``privacy.accounting.PrivacyLedger``) as it is taken; with ``budget`` the
+    training stops before the step that would spend more than it. With ``target_epsilon`` the
+    noise is first calibrated (dp-accounting) so that the whole plan costs exactly that."""
+    dp = model.dp
+    if dp.unit == "user":
+        train = cap_per_user(train, dp.user_cap)
+        groups, inverse = np.unique(train.users, return_inverse=True)
+        members = np.split(np.argsort(inverse, kind="stable"),
+                           np.cumsum(np.bincount(inverse))[:-1])
+        population = len(groups)
+    else:
+        population = len(train)
+    q = min(1.0, dp.batch_size / max(len(train), 1))
+    per_epoch = max(1, int(round(1.0 / q)))
+    planned = epochs * per_epoch
+    if target_epsilon is not None:
+        from privacy.accounting import calibrate_noise
+        z = calibrate_noise(target_epsilon, ledger.delta if ledger else 1e-5, q, planned)
+        dp = model.dp = replace(dp, noise_multiplier=z * dp.sensitivity_factor)
+        model._stepper = None  # built again with the calibrated noise
+    z = dp.epoch_multiplier()
+    allowed = planned
+    if ledger is not None and budget is not None and z > 0:
+        allowed = ledger.affordable(budget, z, q, limit=planned)
+    rng = np.random.default_rng(seed)
+    learned = 0
+    for step in range(allowed):
+        chosen = np.flatnonzero(rng.random(population) < q)
+        if dp.unit == "user":
+            chosen = np.concatenate([members[u] for u in chosen]) if len(chosen) else chosen
+        batch = train.take(chosen)
+        model.noisy_step(batch.users, batch.items, batch.ratings, epoch=step // per_epoch)
+        learned += len(batch)
+        if ledger is not None and z > 0:
+            ledger.record(z, q)
+        if after_epoch and (step + 1) % per_epoch == 0:
+            after_epoch(step // per_epoch, learned)
+    return {"ratings": learned, "steps": allowed, "planned_steps": planned, "sampling_rate": q,
+            "train_kept": len(train), "stopped_by_budget": allowed < planned}
+
+
 def rmse_on(model, data: Ratings) -> float:
     errors = ErrorStats()
     errors.add(model.predict_many(data.users, data.items), data.ratings)
@@ -86,10 +145,12 @@ def rmse_on(model, data: Ratings) -> float:
 
 def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             batch_size: int = 10_000, progress: Progress | None = None,
-            extra_train: Ratings | None = None) -> dict:
+            extra_train: Ratings | None = None, ledger=None, budget: float | None = None,
+            target_epsilon: float | None = None) -> dict:
     """Train `epochs` passes on a random (1 - fraction) split, report errors on the rest.
 
-    ``extra_train`` (e.g. audit canaries) joins the training part only."""
+    ``extra_train`` (e.g. audit canaries) joins the training part only. A DP-SGD model trains
+    by ``train_private_epochs`` (``ledger`` and ``budget`` go there)."""
     train, test = split_holdout(ratings, fraction, seed)
     if extra_train is not None and len(extra_train):
         train = Ratings.concat([train, extra_train])
@@ -101,7 +162,13 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             fit.add(model.predict_many(test.users, test.items), test.ratings)
             progress(learned, fit.rmse, learned / max(time.perf_counter() - t0, 1e-9))
 
-    learned = train_epochs(model, train, epochs, seed + 1, batch_size, each_epoch)
+    dp_training = None
+    if getattr(model, "dp", None) is not None:
+        dp_training = train_private_epochs(model, train, epochs, seed + 1, ledger, budget, each_epoch,
+                                           target_epsilon)
+        learned = dp_training["ratings"]
+    else:
+        learned = train_epochs(model, train, epochs, seed + 1, batch_size, each_epoch)
     seconds = time.perf_counter() - t0
     test_pred = model.predict_many(test.users, test.items)
     train_err = model.predict_many(train.users, train.items) - train.ratings
@@ -112,4 +179,5 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             "epochs": epochs, "holdout": fraction, "rmse": errors.rmse, "mae": errors.mae,
             "train_rmse": float(np.sqrt(np.mean(train_err ** 2))),
             "kld": kld_from_errors(train_err, test_err),  # thesis eq. 4.15: training vs test errors
-            "seconds": seconds, "throughput_per_s": learned / max(seconds, 1e-9)}
+            "seconds": seconds, "throughput_per_s": learned / max(seconds, 1e-9),
+            **({"dp_training": dp_training} if dp_training else {})}

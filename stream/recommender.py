@@ -120,12 +120,19 @@ class Recommender:
     # the learner's interface ------------------------------------------------------------------------
     def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
         """Learn a batch (waits while paused) and record it for serving."""
+        return self._learn(self.model.learn_many, users, items, ratings, epoch)
+
+    def noisy_step(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
+        """One DP-SGD step of a private model on this batch, recorded for serving likewise."""
+        return self._learn(self.model.noisy_step, users, items, ratings, epoch)
+
+    def _learn(self, learn, users, items, ratings, epoch: int) -> np.ndarray:
         self.learning.wait()
         users = np.asarray(users) if not isinstance(users, np.ndarray) else users
         items = np.asarray(items) if not isinstance(items, np.ndarray) else items
         ukeys, ikeys = as_keys(users), as_keys(items)
         ratings = np.ascontiguousarray(ratings, dtype=np.float64)
-        predictions = self.model.learn_many(ukeys, ikeys, ratings, epoch=epoch)
+        predictions = learn(ukeys, ikeys, ratings, epoch=epoch)
         if self.monitor is not None:
             self.monitor.observe(self.model, ukeys, ikeys, ratings, predictions)
         if users.dtype == object:  # audit canaries never reach the serving structures
