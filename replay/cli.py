@@ -23,6 +23,7 @@ from stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings,
 # Defaults tuned on ../shared/data/ml-100k (see README "Defaults").
 DEFAULTS = {"dim": 64, "depth": 4, "space_gain": 1.0, "lr": 0.03, "reg": 0.1, "bias_reg": 0.05,
             "init_std": 0.05}
+DP_DEFAULTS = {"lr": 0.01, "dim": 16, "clip": 1.0, "batch": 1000, "delta": 1e-5}
 SYNTHETIC = {"ratings": 500_000, "users": 10_000, "items": 3_000}
 
 
@@ -56,19 +57,41 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
     """The learner's options, shared by replay and consume."""
-    ap.add_argument("--dim", type=int, default=DEFAULTS["dim"], help="latent dimension d")
+    ap.add_argument("--dim", type=int, help=f"latent dimension d (default {DEFAULTS['dim']}; "
+                    f"{DP_DEFAULTS['dim']} with DP-SGD)")
     ap.add_argument("--depth", type=int, default=DEFAULTS["depth"], help="sketch rows k (1 = feature hashing)")
     width = ap.add_mutually_exclusive_group()
     width.add_argument("--space-gain", type=float, default=DEFAULTS["space_gain"],
                        help="gamma: width = ceil((|U|+|I|) d / (gamma k)) (eq. 4.9)")
     width.add_argument("--width", type=int, help="sketch width w, given directly")
-    ap.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate eta")
+    ap.add_argument("--lr", type=float, help=f"learning rate eta (default {DEFAULTS['lr']}; "
+                    f"{DP_DEFAULTS['lr']} with DP-SGD)")
     ap.add_argument("--reg", type=float, default=DEFAULTS["reg"], help="L2 regularisation lambda")
     ap.add_argument("--bias-reg", type=float, default=DEFAULTS["bias_reg"], help="L2 weight of the biases")
     ap.add_argument("--init-std", type=float, default=DEFAULTS["init_std"], help="std of start vectors")
     ap.add_argument("--sgld", type=float, metavar="TAU", help="SGLD with temperature TAU")
     ap.add_argument("--clip-loss", type=float, metavar="EPS",
                     help="thesis data clipping: skip a rating when (r - r^)^2 > EPS")
+    dp = ap.add_argument_group("DP-SGD (a proven (epsilon, delta) bound; see README 'Privacy')")
+    noise = dp.add_mutually_exclusive_group()
+    noise.add_argument("--dp-epsilon", type=float, metavar="E",
+                       help="train with DP-SGD, noise calibrated so the planned run costs E "
+                       "('inf': clipping without noise)")
+    noise.add_argument("--dp-noise", type=float, metavar="SIGMA",
+                       help="train with DP-SGD at this noise multiplier; epsilon is accounted")
+    dp.add_argument("--dp-delta", type=float, default=DP_DEFAULTS["delta"])
+    dp.add_argument("--dp-clip", type=float, default=DP_DEFAULTS["clip"], metavar="C",
+                    help="L2 bound of one rating's update in sketch-cell space")
+    dp.add_argument("--dp-batch", type=int, default=DP_DEFAULTS["batch"], metavar="B",
+                    help="ratings per noisy step (expected, with Poisson sampling in epochs)")
+    dp.add_argument("--dp-unit", choices=("rating", "user"), default="rating",
+                    help="what is protected: one rating, or one user's whole history")
+    dp.add_argument("--dp-user-cap", type=int, metavar="M",
+                    help="ratings kept per user (required with --dp-unit user)")
+    dp.add_argument("--dp-range", default="0.5,5", metavar="L,U",
+                    help="public rating range: predictions are clipped to it")
+    dp.add_argument("--budget-epsilon", type=float, metavar="E",
+                    help="stop learning (keep serving) before the spent epsilon would exceed E")
 
 
 def add_serving_args(ap: argparse.ArgumentParser) -> None:
@@ -82,7 +105,51 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
                     help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
 
 
-def make_model(args, capacity: int):
+def uses_dp(args) -> bool:
+    return args.dp_epsilon is not None or args.dp_noise is not None
+
+
+def resolve_defaults(args) -> None:
+    """Fill the options whose default depends on the training mode."""
+    private = uses_dp(args)
+    if args.dim is None:
+        args.dim = DP_DEFAULTS["dim"] if private else DEFAULTS["dim"]
+    if args.lr is None:
+        args.lr = DP_DEFAULTS["lr"] if private else DEFAULTS["lr"]
+
+
+def dp_config(args, stream: bool):
+    """The DP-SGD configuration of the options, or None. With --dp-epsilon and ``stream`` (one
+    pass) the noise multiplier is calibrated here; for epoch training it is calibrated by
+    ``train_private_epochs`` once the (capped) training set, hence q and the steps, are known."""
+    if not uses_dp(args):
+        return None
+    from models.dp_sgd import DPConfig
+    from privacy.accounting import calibrate_noise
+    try:
+        lo, hi = (float(x) for x in args.dp_range.split(",", 1))
+    except ValueError:
+        raise SystemExit("--dp-range takes L,U")
+    if args.dp_unit == "user" and not args.dp_user_cap:
+        raise SystemExit("--dp-unit user needs --dp-user-cap M")
+    factor = 1 if args.dp_unit == "rating" else args.dp_user_cap
+    if args.dp_noise is not None:
+        sigma = args.dp_noise
+    elif np.isinf(args.dp_epsilon) or not stream:
+        sigma = 0.0
+    else:  # one pass over a stream: replace-one, sensitivity 2C per unit
+        sigma = 2 * factor * calibrate_noise(args.dp_epsilon, args.dp_delta)
+    return DPConfig(noise_multiplier=sigma, clip=args.dp_clip, batch_size=args.dp_batch,
+                    unit=args.dp_unit, user_cap=args.dp_user_cap, rating_range=(lo, hi))
+
+
+def dp_target(args) -> float | None:
+    """The epsilon epoch training must calibrate to (None: the noise was given, or no noise)."""
+    eps = getattr(args, "dp_epsilon", None)
+    return None if eps is None or np.isinf(eps) else eps
+
+
+def make_model(args, capacity: int, dp=None):
     common = dict(dim=args.dim, lr=args.lr, reg=args.reg, init_std=args.init_std, seed=args.seed)
     if args.model == "river":
         from models.river_adapters import RiverBiasedMF
@@ -93,7 +160,7 @@ def make_model(args, capacity: int):
         return DenseMF(**common, **extra)
     from models import SketchMF
     return SketchMF(depth=args.depth, width=args.width, space_gain=args.space_gain,
-                    capacity=capacity, **common, **extra)
+                    capacity=capacity, dp=dp, **common, **extra)
 
 
 def _rss_mb() -> float:
@@ -159,16 +226,26 @@ def run(args) -> dict:
         batches = synth.batches(args.batch_size)
     if args.checkpoint and args.model == "river":
         raise SystemExit("replay: --checkpoint needs a sketchrec model (sketch or dense)")
-    model = make_model(args, capacity)
+    resolve_defaults(args)
+    canaries = Canaries.make(args.audit_canaries, seed=args.seed + 7) if args.audit_canaries else None
+    dp, ledger = None, None
+    if uses_dp(args):
+        if args.model != "sketch":
+            raise SystemExit("replay: DP-SGD is implemented for the sketch model (--model sketch)")
+        dp = dp_config(args, stream=args.holdout is None)
+        if dp.noise_multiplier > 0 or dp_target(args):
+            from privacy.accounting import PrivacyLedger
+            ledger = PrivacyLedger(args.dp_unit, args.dp_delta)
+    model = make_model(args, capacity, dp)
     # the streaming monitor reads prequential errors: meaningful in one pass only (holdout
     # reports the thesis's train/test KLD instead)
     monitor = None
     if args.holdout is None and not args.no_monitor:
         monitor = PrivacyMonitor(window=args.kld_window, alert_kld=args.kld_alert, seed=args.seed)
-    canaries = Canaries.make(args.audit_canaries, seed=args.seed + 7) if args.audit_canaries else None
     learner, service, server = model, None, None
     if args.serve or args.checkpoint:
         learner, service = make_service(model, total, args.checkpoint, args.seed, monitor)
+        service.ledger = ledger
         service.record_skipped(report.skipped)
         if args.serve:
             server = start_server(service, args.serve, args.admin_token)
@@ -196,8 +273,12 @@ def run(args) -> dict:
                 users, items, ratings = canaries.training_part()
                 extra = Ratings(users, items, ratings, np.zeros(len(ratings), dtype=np.int64))
             result = holdout(learner, data, args.holdout, args.epochs, args.seed, args.batch_size, show,
-                             extra_train=extra)
+                             extra_train=extra, ledger=ledger, budget=args.budget_epsilon,
+                             target_epsilon=dp_target(args))
     else:
+        if ledger is not None and not ledger.begin_pass(dp.stream_multiplier(), args.budget_epsilon):
+            raise SystemExit(f"replay: one pass at noise multiplier {dp.noise_multiplier:.4g} would "
+                             f"spend more than --budget-epsilon {args.budget_epsilon}")
         with _Display(total, args.quiet, f"{args.model} prequential") as show:
             result = prequential(learner, sampled(batches), show, speed)
     result.update({
@@ -218,7 +299,10 @@ def run(args) -> dict:
     if service is not None:
         service.audit = audit
     holdout_kld = result.pop("kld", None)
-    result["privacy"] = privacy_figures(model, monitor, audit)
+    result["privacy"] = privacy_figures(model, monitor, audit, ledger)
+    if dp is not None:
+        result["privacy"]["dp"] = {**model.dp.to_dict(), "budget_epsilon": args.budget_epsilon,
+                                   **result.pop("dp_training", {})}
     result["kld"] = holdout_kld if holdout_kld is not None else result["privacy"].get("kld")
     if service is not None and service.checkpoints is not None:
         result["checkpoint"] = service.checkpoint()
@@ -416,8 +500,19 @@ def consume_main(argv: list[str] | None = None) -> int:
                         else tuple(float(x) for x in args.rating_range.split(",", 1)))
     except ValueError:
         ap.error("--rating-range takes L,U or 'none'")
-    service = resume_or_create(args.checkpoint, lambda: make_model(args, args.capacity),
+    resolve_defaults(args)
+    if uses_dp(args) and args.model != "sketch":
+        ap.error("DP-SGD is implemented for the sketch model (--model sketch)")
+    dp = dp_config(args, stream=True)
+    service = resume_or_create(args.checkpoint, lambda: make_model(args, args.capacity, dp),
                                {"SketchMF": SketchMF, "DenseMF": DenseMF}, args.expected_ratings, args.seed)
+    # a DP model (new, or as its checkpoint was built) accounts this pass before learning from
+    # it, and the pass is made durable first: a crash can never lose it from the ledger
+    if not service.begin_private_pass(args.dp_unit, args.dp_delta, args.budget_epsilon):
+        print(f"sketchrec consume: one more pass would spend more than --budget-epsilon "
+              f"{args.budget_epsilon}; serving without learning", file=sys.stderr)
+    if service.ledger is not None:
+        service.checkpoint()
     try:
         learner = KafkaLearner(service, args.bootstrap, args.topic, args.group, args.dead_topic,
                                rating_range, args.checkpoint_every, args.checkpoint_seconds)

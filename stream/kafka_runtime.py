@@ -146,6 +146,9 @@ class KafkaLearner:
                     items.append(i)
                     ratings.append(r)
             offsets[str(tp.partition)] = messages[-1].offset + 1
+        if ratings and self.service.budget_stopped:
+            skipped["privacy budget spent"] += len(ratings)  # serving goes on; learning does not
+            ratings = []
         if ratings:
             r = np.asarray(ratings, dtype=np.float64)
             predictions = self.service.recommender.learn_many(_ids(users), _ids(items), r)

@@ -8,18 +8,25 @@ from collections import Counter
 from pathlib import Path
 
 from models.metrics import ErrorStats
+from privacy.accounting import PrivacyLedger, describe
 from stream.checkpoint import CheckpointStore
 from stream.recommender import Recommender
 
 
-def privacy_figures(model, monitor=None, audit: dict | None = None) -> dict:
+def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None) -> dict:
     """The training mode's guarantee (and whether it is proven), the monitor's figures and the
     last canary audit, as /privacy and `replay --json` report them."""
     clip = getattr(model, "clip_loss", None)
     sgld = getattr(model, "sgld_temperature", None)
+    dp = getattr(model, "dp", None)
     figures = {"epsilon": None, "delta": None, "privacy_unit": None, "proven_bound": None,
                "mode": "clip-loss" if clip else "sgld" if sgld else "non-private"}
-    if clip:
+    if dp is not None and dp.noise_multiplier > 0 and ledger is not None:
+        figures.update(describe(ledger))
+    elif dp is not None:
+        figures.update(mode="dp-sgd", epsilon=float("inf"), privacy_unit=dp.unit, proven_bound=False,
+                       guarantee="none: clipped DP-SGD without noise (epsilon = infinity)")
+    elif clip:
         figures.update(epsilon=clip, privacy_unit="rating", proven_bound=False,
                        guarantee="the thesis's claimed epsilon for loss clipping at epsilon (§4.2.2): "
                        "heuristic, not a proven bound")
@@ -54,6 +61,8 @@ class LearningService:
         self.started = time.time()
         self.last_checkpoint: dict | None = None
         self.audit: dict | None = None  # the last canary audit's result, if any
+        self.ledger = None              # privacy.accounting.PrivacyLedger of a DP-SGD model
+        self.budget_stopped = False     # learning refused: the privacy budget is spent
         self._lock = threading.Lock()
         self._rate = (time.perf_counter(), 0)  # for ratings/s between two reads of stats
 
@@ -88,7 +97,22 @@ class LearningService:
 
     def privacy(self) -> dict:
         """What /privacy reports (see ``privacy_figures``)."""
-        return privacy_figures(self.recommender.model, self.recommender.monitor, self.audit)
+        figures = privacy_figures(self.recommender.model, self.recommender.monitor, self.audit,
+                                  self.ledger)
+        figures["budget_exhausted"] = self.budget_stopped
+        return figures
+
+    def begin_private_pass(self, unit: str, delta: float, budget: float | None) -> bool:
+        """For a DP-SGD model: account one more pass over the stream before learning from it
+        (the ledger comes from the checkpoint when there is one, so a restart never resets it).
+        False when that pass would exceed the budget: the service then serves without learning."""
+        dp = getattr(self.recommender.model, "dp", None)
+        if dp is None or dp.noise_multiplier == 0:
+            return True
+        if self.ledger is None:
+            self.ledger = PrivacyLedger(unit, delta)
+        self.budget_stopped = not self.ledger.begin_pass(dp.stream_multiplier(), budget)
+        return not self.budget_stopped
 
     def pause(self) -> None:
         self.recommender.learning.clear()
@@ -105,7 +129,8 @@ class LearningService:
                                          {"ratings_learned": self.ratings_learned,
                                           "offsets": self.offsets, "skipped": dict(self.skipped),
                                           "errors": self.errors.to_dict(),
-                                          "model_class": self.model_cls.__name__})
+                                          "model_class": self.model_cls.__name__,
+                                          "privacy_ledger": self.ledger and self.ledger.to_dict()})
             self.last_checkpoint = {"path": str(path), "seq": self.checkpoints.newest_seq(),
                                     "ratings_learned": self.ratings_learned, "at": time.time()}
             return self.last_checkpoint
@@ -126,6 +151,8 @@ class LearningService:
         self.offsets = dict(ckpt.meta.get("offsets", {}))
         self.skipped = Counter(ckpt.meta.get("skipped", {}))
         self.errors = ErrorStats.from_dict(ckpt.meta.get("errors", ErrorStats().to_dict()))
+        ledger = ckpt.meta.get("privacy_ledger")
+        self.ledger = PrivacyLedger.from_dict(ledger) if ledger else None
         self.last_checkpoint = {"path": str(ckpt.path), "seq": ckpt.seq,
                                 "ratings_learned": ckpt.meta.get("ratings_learned"),
                                 "at": ckpt.meta.get("written_at")}
