@@ -28,3 +28,62 @@ def test_b1_table_quick(tmp_path):
         assert math.isfinite(rmse["mean"]) and 0.8 < rmse["mean"] < 1.2 and rmse["std"] >= 0
         assert len(rmse["folds"]) == result["folds"] == 1
     assert "Table 4.2" in (tmp_path / "b1_table.md").read_text()
+
+
+def _quick(tmp_path, name: str) -> dict:
+    assert sketchrec_main(["experiment", name, "--quick", "--out", str(tmp_path)]) == 0
+    stem = name.replace("-", "_")
+    assert {p.name for p in tmp_path.iterdir()} == {f"{stem}.json", f"{stem}.md", f"{stem}.png"}
+    assert (tmp_path / f"{stem}.png").stat().st_size > 5000
+    return json.loads((tmp_path / f"{stem}.json").read_text())
+
+
+def _in_range(values, lo=0.5, hi=2.0) -> bool:
+    return all(math.isfinite(v) and lo < v < hi for v in values)
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_b1_heatmap_quick(tmp_path):
+    result = _quick(tmp_path, "b1-heatmap")
+    for k in ("k1", "k4"):
+        grid = result["rmse"][k]
+        assert len(grid) == len(result["dims"]) and len(grid[0]) == len(result["space_gains"])
+        assert _in_range([x for row in grid for x in row])
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_b1_dynamic_quick(tmp_path):
+    result = _quick(tmp_path, "b1-dynamic")
+    for kind in ("regular", "sketch", "hashing"):
+        assert _in_range(result["one_pass_test_rmse"][kind])
+        curve = result["per_epoch_test_rmse"][kind]
+        assert len(curve) == 3 and _in_range(curve)
+    # equal memory: gamma = 32 / d_r
+    assert result["space_gain"] == [32 / d for d in result["d_regular"]]
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_b1_regularization_quick(tmp_path):
+    result = _quick(tmp_path, "b1-regularization")
+    for kind, curve in result["test_rmse_d32_gamma1"].items():
+        assert len(curve) == len(result["lambdas"]) and _in_range(curve)
+    grid = result["best_lambda_sketch"]
+    assert all(x in grid["grid"] for row in grid["best"] for x in row)
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_b2_privacy_quick(tmp_path):
+    result = _quick(tmp_path, "b2-privacy")
+    rows = [r for rows in result["sketch_clip"].values() for r in rows] + \
+        [r for rows in result["regular_clip"].values() for r in rows] + result["dp_sgd"]
+    assert _in_range([r["rmse"] for r in rows])
+    assert all(math.isfinite(r["kld"]) and r["kld"] >= 0 for r in rows)
+    assert 1.9 < result["dp_sgd"][0]["proven_epsilon"] <= 2.0 + 1e-6
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_dp_sgd_quick(tmp_path):
+    result = _quick(tmp_path, "dp-sgd")
+    assert _in_range([r["rmse"] for r in result["rating_level"] + result["user_level"]])
+    finite = [r for r in result["rating_level"] if math.isfinite(r["target_epsilon"])]
+    assert all(r["epsilon"] <= r["target_epsilon"] + 1e-6 for r in finite)

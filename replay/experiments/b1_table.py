@@ -16,7 +16,8 @@ import numpy as np
 
 from models import DenseMF, SketchMF
 from replay.protocols import rmse_on, train_epochs
-from stream.sources import Ratings, read_ratings
+from replay.experiments.common import mean_correct
+from stream.sources import read_ratings
 
 NAME = "b1-table"
 DESCRIPTION = "Table 4.2: RMSE of regular MF, count sketch (k=4) and feature hashing (k=1), d=32, γ=1"
@@ -24,25 +25,6 @@ DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100
 THESIS = {"ML-1M": (0.873, 0.876, 0.906), "ML-10M": (0.811, 0.809, 0.818),
           "EachMovie": (1.145, 1.146, 1.159), "Netflix": (0.854, 0.855, 0.862)}
 MODELS = ("regular", "count_sketch_k4", "feature_hashing_k1")
-
-
-def _mean_correct(train: Ratings, *others: Ratings) -> list[Ratings]:
-    """Remove the training part's global, user and item means from every part."""
-    mu = train.ratings.mean()
-
-    def means(ids, values):
-        keys, inverse = np.unique(ids, return_inverse=True)
-        return dict(zip(keys.tolist(), (np.bincount(inverse, values) / np.bincount(inverse)).tolist()))
-
-    user_mean = means(train.users, train.ratings - mu)
-    item_mean = means(train.items, train.ratings - mu)
-
-    def correct(part: Ratings) -> Ratings:
-        offset = mu + np.array([user_mean.get(u, 0.0) for u in part.users.tolist()]) \
-            + np.array([item_mean.get(i, 0.0) for i in part.items.tolist()])
-        return Ratings(part.users, part.items, part.ratings - offset, part.timestamps)
-
-    return [correct(p) for p in (train, *others)]
 
 
 def _make(name: str, capacity: int, lr: float, reg: float, seed: int):
@@ -65,7 +47,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
         n_train, n_val = int(0.8 * len(ratings)), int(0.1 * len(ratings))
         parts = [ratings.take(np.sort(idx)) for idx in
                  (perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:])]
-        train, val, test = _mean_correct(*parts)
+        train, val, test = mean_correct(*parts)
         for name in MODELS:
             scored = []
             for lr, reg in grid:
