@@ -109,3 +109,20 @@ class BloomFilter(Sketch):
         if ones >= 1.0:
             return math.inf
         return -self.m_bits / self.n_hashes * math.log1p(-ones)
+
+
+@njit(nogil=True, cache=True)
+def _positions(keys, salt1, salt2, n_hashes, m_bits, out):
+    for n in range(keys.shape[0]):
+        for i in range(n_hashes):
+            out[n, i] = _probe(keys[n], salt1, salt2, i, m_bits)
+
+
+def codewords(keys, n_hashes: int, m_bits: int, seed: int = 0) -> np.ndarray:
+    """The bit positions (n, n_hashes) that each key sets in a Bloom filter of ``m_bits`` bits with
+    ``n_hashes`` hashes — the codeword view of thesis eq. 3.1/3.2 that a BLIP release and its
+    decoders need (the same double hashing as ``BloomFilter``, with an explicit shape)."""
+    keys = as_keys(keys)
+    out = np.empty((keys.shape[0], n_hashes), dtype=np.int64)
+    _positions(keys, np.uint64(salt_of(seed, 1)), np.uint64(salt_of(seed, 2)), n_hashes, m_bits, out)
+    return out

@@ -87,3 +87,12 @@ def test_dp_sgd_quick(tmp_path):
     assert _in_range([r["rmse"] for r in result["rating_level"] + result["user_level"]])
     finite = [r for r in result["rating_level"] if math.isfinite(r["target_epsilon"])]
     assert all(r["epsilon"] <= r["target_epsilon"] + 1e-6 for r in finite)
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_blip_attacks_quick(tmp_path):
+    result = _quick(tmp_path, "blip-attacks")
+    for eps, row in result["results"].items():
+        for method in ("popularity", "single", "joint", "joint_popularity_prior"):
+            assert 0 <= row[method]["cosine_mean"] <= 1 and 0 <= row[method]["map10"] <= 1
+    assert row["flip_probability"] == 0.5  # eps = 0 is the last row
