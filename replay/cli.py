@@ -43,9 +43,7 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--model", choices=("sketch", "dense", "river"), default="sketch")
     add_model_args(ap)
     ap.add_argument("--batch-size", type=int, default=10_000)
-    ap.add_argument("--no-monitor", action="store_true", help="turn the privacy monitor off")
-    ap.add_argument("--kld-window", type=int, default=20_000, help="ratings in the monitor's KLD window")
-    ap.add_argument("--kld-alert", type=float, help="log a warning when the windowed KLD exceeds this")
+    add_monitor_args(ap)
     ap.add_argument("--audit-canaries", type=int, metavar="M", default=0,
                     help="one-run canary audit: M canary ratings, each trained on with probability 1/2")
     ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
@@ -92,6 +90,12 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     help="public rating range: predictions are clipped to it")
     dp.add_argument("--budget-epsilon", type=float, metavar="E",
                     help="stop learning (keep serving) before the spent epsilon would exceed E")
+
+
+def add_monitor_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--no-monitor", action="store_true", help="turn the privacy monitor off")
+    ap.add_argument("--kld-window", type=int, default=20_000, help="ratings in the monitor's KLD window")
+    ap.add_argument("--kld-alert", type=float, help="log a warning when the windowed KLD exceeds this")
 
 
 def add_serving_args(ap: argparse.ArgumentParser) -> None:
@@ -491,6 +495,7 @@ def consume_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", choices=("sketch", "dense"), default="sketch")
     add_model_args(ap)
+    add_monitor_args(ap)
     add_serving_args(ap)
     args = ap.parse_args(argv)
     if args.checkpoint is None:
@@ -513,6 +518,9 @@ def consume_main(argv: list[str] | None = None) -> int:
               f"{args.budget_epsilon}; serving without learning", file=sys.stderr)
     if service.ledger is not None:
         service.checkpoint()
+    if not args.no_monitor:  # in memory only: its reservoir of learned ratings is never checkpointed
+        service.recommender.monitor = PrivacyMonitor(window=args.kld_window, alert_kld=args.kld_alert,
+                                                     seed=args.seed)
     try:
         learner = KafkaLearner(service, args.bootstrap, args.topic, args.group, args.dead_topic,
                                rating_range, args.checkpoint_every, args.checkpoint_seconds)
@@ -531,8 +539,9 @@ def consume_main(argv: list[str] | None = None) -> int:
           f"ratings, offsets {service.offsets}", file=sys.stderr, flush=True)
     learner.run(idle_exit=args.exit_when_idle)
     stats = service.stats()
-    print(json.dumps({k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "checkpoint",
-                                            "prequential_rmse")}), flush=True)
+    print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "checkpoint",
+                                               "prequential_rmse")}, "privacy": service.privacy()},
+                     default=float), flush=True)
     if server is not None:
         server.stop()
     return 0

@@ -177,3 +177,31 @@ def test_dead_broker_is_a_clear_error_and_touches_nothing(tmp_path):
     assert out.returncode == 2
     assert "cannot consume 't'" in out.stderr and "Traceback" not in out.stderr
     assert CheckpointStore(tmp_path).latest() is None
+
+
+def test_dp_consumer_accounts_every_pass_and_stops_at_the_budget(kafka_bootstrap, tmp_path):
+    topic = f"dp-{uuid.uuid4().hex[:8]}"
+    first = SyntheticStream(n_ratings=6000, n_users=300, n_items=200, seed=11).all()
+    produce(first, kafka_bootstrap, topic, batch=50)
+    ckpt = tmp_path / "dp"
+    dp = ["--dp-epsilon", "1", "--dp-batch", "200", "--group", f"g-{topic}"]
+    one = run_to_end(consume_cmd(kafka_bootstrap, topic, ckpt, *dp))
+    assert one["ratings_learned"] == 6000
+    priv = one["privacy"]
+    assert priv["mode"] == "dp-sgd" and priv["proven_bound"] and priv["privacy_unit"] == "rating"
+    assert 0.98 <= priv["epsilon"] <= 1.0 + 1e-6
+    assert "kld" in priv  # the monitor runs beside the consumer
+    # a restart is a new pass (offsets may be replayed): the ledger grows, it is never reset
+    two = run_to_end(consume_cmd(kafka_bootstrap, topic, ckpt, *dp))
+    assert two["privacy"]["epsilon"] > priv["epsilon"] + 0.2
+    ledger = CheckpointStore(ckpt).latest().meta["privacy_ledger"]
+    assert ledger["steps"][0]["count"] == 2
+    # with the budget spent, new ratings are set aside and counted; the service still answers
+    produce(SyntheticStream(n_ratings=500, n_users=300, n_items=200, seed=12).all(), kafka_bootstrap,
+            topic, batch=50)
+    three = run_to_end(consume_cmd(kafka_bootstrap, topic, ckpt, *dp, "--budget-epsilon",
+                                   str(two["privacy"]["epsilon"])))
+    assert three["ratings_learned"] == 6000
+    assert three["skipped"].get("privacy budget spent") == 500
+    assert three["privacy"]["budget_exhausted"] is True
+    assert three["privacy"]["epsilon"] == pytest.approx(two["privacy"]["epsilon"])
