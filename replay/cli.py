@@ -46,6 +46,12 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     add_monitor_args(ap)
     ap.add_argument("--audit-canaries", type=int, metavar="M", default=0,
                     help="one-run canary audit: M canary ratings, each trained on with probability 1/2")
+    ap.add_argument("--ldp-epsilon", type=float, metavar="E",
+                    help="holdout only: perturb each training rating with Bounded Laplace, as a "
+                    "device would (test ratings stay raw)")
+    ap.add_argument("--ldp-range", default="1,5", metavar="L,U", help="rating range of --ldp-epsilon")
+    ap.add_argument("--ldp-debias", action="store_true",
+                    help="map predictions back through the mechanism's mean (undo its centre bias)")
     ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
     ap.add_argument("--synthetic-users", type=int, default=SYNTHETIC["users"])
     ap.add_argument("--synthetic-items", type=int, default=SYNTHETIC["items"])
@@ -109,6 +115,14 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
                     help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
 
 
+def _pair(text: str, ap=None) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(",", 1))
+    except ValueError:
+        (ap.error if ap else sys.exit)(f"expected L,U, got {text!r}")
+    return lo, hi
+
+
 def uses_dp(args) -> bool:
     return args.dp_epsilon is not None or args.dp_noise is not None
 
@@ -130,10 +144,7 @@ def dp_config(args, stream: bool):
         return None
     from models.dp_sgd import DPConfig
     from privacy.accounting import calibrate_noise
-    try:
-        lo, hi = (float(x) for x in args.dp_range.split(",", 1))
-    except ValueError:
-        raise SystemExit("--dp-range takes L,U")
+    lo, hi = _pair(args.dp_range)
     if args.dp_unit == "user" and not args.dp_user_cap:
         raise SystemExit("--dp-unit user needs --dp-user-cap M")
     factor = 1 if args.dp_unit == "rating" else args.dp_user_cap
@@ -276,10 +287,19 @@ def run(args) -> dict:
             if canaries is not None:
                 users, items, ratings = canaries.training_part()
                 extra = Ratings(users, items, ratings, np.zeros(len(ratings), dtype=np.int64))
+            perturb, debias = None, None
+            if args.ldp_epsilon is not None:
+                from privacy.ldp import Debias, DeviceRandomiser
+                lo, hi = _pair(args.ldp_range)
+                perturb = DeviceRandomiser(args.ldp_epsilon, lo, hi, seed=args.seed + 3).perturb
+                debias = Debias(args.ldp_epsilon, lo, hi) if args.ldp_debias else None
             result = holdout(learner, data, args.holdout, args.epochs, args.seed, args.batch_size, show,
                              extra_train=extra, ledger=ledger, budget=args.budget_epsilon,
-                             target_epsilon=dp_target(args))
+                             target_epsilon=dp_target(args), perturb=perturb, predict_map=debias)
     else:
+        if args.ldp_epsilon is not None:
+            raise SystemExit("replay: --ldp-epsilon is simulated in the holdout protocol (--holdout F); "
+                             "for a stream, use `sketchrec produce --ldp-epsilon`")
         if ledger is not None and not ledger.begin_pass(dp.stream_multiplier(), args.budget_epsilon):
             raise SystemExit(f"replay: one pass at noise multiplier {dp.noise_multiplier:.4g} would "
                              f"spend more than --budget-epsilon {args.budget_epsilon}")
@@ -497,6 +517,9 @@ def consume_main(argv: list[str] | None = None) -> int:
     add_model_args(ap)
     add_monitor_args(ap)
     add_serving_args(ap)
+    ap.add_argument("--ldp-debias", action="store_true",
+                    help="map predictions back through the mean of the local-DP mechanism the "
+                    "producer's message headers name (see README 'Local DP')")
     args = ap.parse_args(argv)
     if args.checkpoint is None:
         ap.error("--checkpoint DIR is required: it holds the model state and the offsets together")
@@ -518,6 +541,9 @@ def consume_main(argv: list[str] | None = None) -> int:
               f"{args.budget_epsilon}; serving without learning", file=sys.stderr)
     if service.ledger is not None:
         service.checkpoint()
+    if args.ldp_debias:
+        service.debias_ldp = True
+        service.apply_ldp_debias()  # from the mechanism recorded in the checkpoint, if any
     if not args.no_monitor:  # in memory only: its reservoir of learned ratings is never checkpointed
         service.recommender.monitor = PrivacyMonitor(window=args.kld_window, alert_kld=args.kld_alert,
                                                      seed=args.seed)
@@ -559,14 +585,24 @@ def produce_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, help="ratings per second (default: as fast as possible)")
     ap.add_argument("--batch", type=int, default=1, help="ratings per message (1: one CSV rating each)")
     ap.add_argument("--partitions", type=int, default=2, help="partitions when creating the topic")
+    ap.add_argument("--ldp-epsilon", type=float, metavar="E",
+                    help="local DP: perturb every rating with Bounded Laplace before it is sent")
+    ap.add_argument("--rating-range", metavar="L,U", help="the rating range of --ldp-epsilon")
+    ap.add_argument("--seed", type=int, help="seed of the device-side noise (default: fresh entropy)")
     args = ap.parse_args(argv)
     if not args.path.is_file():
         print(f"sketchrec produce: no such file: {args.path}", file=sys.stderr)
         return 2
+    randomiser = None
+    if args.ldp_epsilon is not None:
+        from privacy.ldp import DeviceRandomiser
+        if not args.rating_range:
+            ap.error("--ldp-epsilon needs --rating-range L,U")
+        randomiser = DeviceRandomiser(args.ldp_epsilon, *_pair(args.rating_range, ap), seed=args.seed)
     data, report = read_ratings(args.path)
     try:
         result = produce(order_for_topic(data), args.bootstrap, args.topic, args.batch, args.rate,
-                         args.partitions)
+                         args.partitions, randomiser)
     except KafkaError as exc:
         print(f"sketchrec produce: cannot publish to {args.bootstrap}: {exc}", file=sys.stderr)
         return 2

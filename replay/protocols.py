@@ -137,6 +137,19 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
             "train_kept": len(train), "stopped_by_budget": allowed < planned}
 
 
+class _MappedPredictions:
+    """A learner whose predictions pass through a fixed map (post-processing)."""
+
+    def __init__(self, model, fn: Callable):
+        self.model, self.fn = model, fn
+
+    def predict_many(self, users, items, clip: bool = True):
+        return self.fn(self.model.predict_many(users, items, clip=clip))
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
 def rmse_on(model, data: Ratings) -> float:
     errors = ErrorStats()
     errors.add(model.predict_many(data.users, data.items), data.ratings)
@@ -146,14 +159,21 @@ def rmse_on(model, data: Ratings) -> float:
 def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             batch_size: int = 10_000, progress: Progress | None = None,
             extra_train: Ratings | None = None, ledger=None, budget: float | None = None,
-            target_epsilon: float | None = None) -> dict:
+            target_epsilon: float | None = None, perturb: Callable | None = None,
+            predict_map: Callable | None = None) -> dict:
     """Train `epochs` passes on a random (1 - fraction) split, report errors on the rest.
 
     ``extra_train`` (e.g. audit canaries) joins the training part only. A DP-SGD model trains
-    by ``train_private_epochs`` (``ledger`` and ``budget`` go there)."""
+    by ``train_private_epochs`` (``ledger`` and ``budget`` go there). ``perturb`` maps the training
+    ratings as a device would before sending them (local DP); the test ratings stay raw, and
+    ``predict_map`` (e.g. LDP debiasing) is applied to every prediction that is scored."""
     train, test = split_holdout(ratings, fraction, seed)
     if extra_train is not None and len(extra_train):
         train = Ratings.concat([train, extra_train])
+    if perturb is not None:
+        train = Ratings(train.users, train.items, perturb(train.ratings), train.timestamps)
+    if predict_map is not None:
+        model = _MappedPredictions(model, predict_map)
     t0 = time.perf_counter()
 
     def each_epoch(epoch: int, learned: int) -> None:

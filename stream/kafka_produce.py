@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from privacy.ldp import HEADER
 from stream.kafka_runtime import kafka_config
 from stream.messages import encode_batch
 from stream.sources import Ratings
@@ -34,8 +35,10 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 2) -> bool:
 
 
 def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: float | None = None,
-            partitions: int = 2) -> dict:
-    """Send all ratings, in order; returns counts and throughput."""
+            partitions: int = 2, randomiser=None) -> dict:
+    """Send all ratings, in order; returns counts and throughput. With ``randomiser`` (a
+    ``privacy.ldp.DeviceRandomiser``) every rating is perturbed before it is sent — the raw value
+    never leaves this process — and every message carries a header naming the mechanism."""
     from kafka import KafkaProducer
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -44,27 +47,30 @@ def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: 
                              max_request_size=16 << 20)
     t0 = time.perf_counter()
     sent_messages = 0
-    rows = list(zip(ratings.users.tolist(), ratings.items.tolist(), ratings.ratings.tolist(),
+    values = ratings.ratings if randomiser is None else randomiser.perturb(ratings.ratings)
+    headers = None if randomiser is None else [(HEADER, randomiser.header())]
+    rows = list(zip(ratings.users.tolist(), ratings.items.tolist(), values.tolist(),
                     ratings.timestamps.tolist()))
     pending: dict = {}
     for n, row in enumerate(rows):
         key = str(row[0]).encode()
         pending.setdefault(key, []).append(row)
         if len(pending[key]) >= batch:
-            producer.send(topic, key=key, value=encode_batch(pending.pop(key)))
+            producer.send(topic, key=key, value=encode_batch(pending.pop(key)), headers=headers)
             sent_messages += 1
         if rate is not None:
             due = t0 + (n + 1) / rate
             if due > time.perf_counter():
                 time.sleep(due - time.perf_counter())
     for key, group in pending.items():
-        producer.send(topic, key=key, value=encode_batch(group))
+        producer.send(topic, key=key, value=encode_batch(group), headers=headers)
         sent_messages += 1
     producer.flush()
     producer.close()
     seconds = time.perf_counter() - t0
     return {"topic": topic, "ratings": len(rows), "messages": sent_messages, "seconds": seconds,
-            "ratings_per_s": len(rows) / max(seconds, 1e-9)}
+            "ratings_per_s": len(rows) / max(seconds, 1e-9),
+            **({"ldp": randomiser.header().decode()} if randomiser is not None else {})}
 
 
 def order_for_topic(ratings: Ratings) -> Ratings:

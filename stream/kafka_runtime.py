@@ -141,6 +141,7 @@ class KafkaLearner:
                     skipped[reason] += 1
                     self.producer.send(self.dead_topic, value=dead_letter(
                         tp.topic, tp.partition, msg.offset, index, reason, text, msg.value))
+                self.service.record_origin(msg.headers, len(parsed.ratings))
                 for u, i, r, _ in parsed.ratings:
                     users.append(u)
                     items.append(i)

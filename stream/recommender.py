@@ -112,6 +112,7 @@ class Recommender:
     def _init_runtime(self, refresh_s: float) -> None:
         """Threading state, never checkpointed."""
         self.refresh_s = refresh_s
+        self.debias = None  # prediction map for LDP-perturbed streams (privacy.ldp.Debias)
         self._snapshot: ItemSnapshot | None = None
         self._snapshot_lock = threading.Lock()
         self.learning = threading.Event()
@@ -145,7 +146,8 @@ class Recommender:
         return predictions
 
     def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
-        return self.model.predict_many(users, items, clip=clip)
+        out = self.model.predict_many(users, items, clip=clip)
+        return self.debias(out) if self.debias is not None else out
 
     @property
     def nbytes(self) -> int:
@@ -162,7 +164,7 @@ class Recommender:
 
     # serving -------------------------------------------------------------------------------------
     def predict(self, user, item) -> float:
-        return float(self.model.predict_many([user], [item])[0])
+        return float(self.predict_many([user], [item])[0])
 
     def recommend(self, user, k: int) -> tuple[list[tuple[object, float]], str]:
         """Top-k unseen items for the user, best first, and where they came from

@@ -63,6 +63,8 @@ class LearningService:
         self.audit: dict | None = None  # the last canary audit's result, if any
         self.ledger = None              # privacy.accounting.PrivacyLedger of a DP-SGD model
         self.budget_stopped = False     # learning refused: the privacy budget is spent
+        self.origin = {"perturbed_on_device": 0, "raw": 0, "mechanism": None}  # local DP (headers)
+        self.debias_ldp = False         # map predictions back through the LDP mean (privacy.ldp)
         self._lock = threading.Lock()
         self._rate = (time.perf_counter(), 0)  # for ratings/s between two reads of stats
 
@@ -100,7 +102,29 @@ class LearningService:
         figures = privacy_figures(self.recommender.model, self.recommender.monitor, self.audit,
                                   self.ledger)
         figures["budget_exhausted"] = self.budget_stopped
+        if self.origin["perturbed_on_device"] or self.origin["raw"]:
+            figures["local_dp"] = {**self.origin, "debiased": self.recommender.debias is not None,
+                                   "server_saw_raw_ratings": self.origin["raw"] > 0}
         return figures
+
+    def record_origin(self, headers, n_ratings: int) -> None:
+        """Count ratings that arrived perturbed on the device (an LDP header) or raw."""
+        from privacy.ldp import HEADER, parse_header
+        named = dict(headers or []).get(HEADER)
+        mechanism = parse_header(named) if named is not None else None
+        if mechanism is None:
+            self.origin["raw"] += n_ratings
+            return
+        self.origin["perturbed_on_device"] += n_ratings
+        if self.origin["mechanism"] != mechanism:
+            self.origin["mechanism"] = mechanism
+            self.apply_ldp_debias()
+
+    def apply_ldp_debias(self) -> None:
+        mech = self.origin["mechanism"]
+        if self.debias_ldp and mech and mech["mechanism"] == "BoundedLaplace":
+            from privacy.ldp import Debias
+            self.recommender.debias = Debias(mech["epsilon"], *mech["range"])
 
     def begin_private_pass(self, unit: str, delta: float, budget: float | None) -> bool:
         """For a DP-SGD model: account one more pass over the stream before learning from it
@@ -130,7 +154,8 @@ class LearningService:
                                           "offsets": self.offsets, "skipped": dict(self.skipped),
                                           "errors": self.errors.to_dict(),
                                           "model_class": self.model_cls.__name__,
-                                          "privacy_ledger": self.ledger and self.ledger.to_dict()})
+                                          "privacy_ledger": self.ledger and self.ledger.to_dict(),
+                                          "origin": self.origin})
             self.last_checkpoint = {"path": str(path), "seq": self.checkpoints.newest_seq(),
                                     "ratings_learned": self.ratings_learned, "at": time.time()}
             return self.last_checkpoint
@@ -151,6 +176,7 @@ class LearningService:
         self.offsets = dict(ckpt.meta.get("offsets", {}))
         self.skipped = Counter(ckpt.meta.get("skipped", {}))
         self.errors = ErrorStats.from_dict(ckpt.meta.get("errors", ErrorStats().to_dict()))
+        self.origin = ckpt.meta.get("origin", self.origin)
         ledger = ckpt.meta.get("privacy_ledger")
         self.ledger = PrivacyLedger.from_dict(ledger) if ledger else None
         self.last_checkpoint = {"path": str(ckpt.path), "seq": ckpt.seq,

@@ -205,3 +205,32 @@ def test_dp_consumer_accounts_every_pass_and_stops_at_the_budget(kafka_bootstrap
     assert three["skipped"].get("privacy budget spent") == 500
     assert three["privacy"]["budget_exhausted"] is True
     assert three["privacy"]["epsilon"] == pytest.approx(two["privacy"]["epsilon"])
+
+
+def test_ldp_producer_the_server_never_sees_a_raw_rating(kafka_bootstrap, tmp_path):
+    topic = f"ldp-{uuid.uuid4().hex[:8]}"
+    path = tmp_path / "ratings.csv"
+    data = SyntheticStream(n_ratings=3000, n_users=200, n_items=150, seed=13).all()
+    path.write_text("userId,movieId,rating,timestamp\n" + "".join(
+        f"{u},{i},{min(max(round(r), 1), 5)},{t}\n" for u, i, r, t in
+        zip(data.users.tolist(), data.items.tolist(), data.ratings.tolist(), data.timestamps.tolist())))
+    out = subprocess.run([sys.executable, "-m", "replay.cli", "produce", str(path), "--bootstrap",
+                          kafka_bootstrap, "--topic", topic, "--batch", "20", "--ldp-epsilon", "2",
+                          "--rating-range", "1,5", "--seed", "4"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "BoundedLaplace" in json.loads(out.stdout.strip().splitlines()[-1])["ldp"]
+    # what arrived on the topic is not the file: continuous values inside the range
+    from kafka import KafkaConsumer
+    from stream.kafka_runtime import kafka_config
+    consumer = KafkaConsumer(topic, **kafka_config(kafka_bootstrap), auto_offset_reset="earliest",
+                             consumer_timeout_ms=3000)
+    values = [r for msg in consumer for _, _, r, _ in parse_message(msg.value).ratings]
+    consumer.close()
+    assert len(values) == 3000 and min(values) >= 1 and max(values) <= 5
+    assert np.mean(np.isclose(values, np.round(values))) < 0.01
+    port = free_port()
+    result = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path / "ckpt", "--ldp-debias"))
+    local = result["privacy"]["local_dp"]
+    assert local["perturbed_on_device"] == 3000 and local["raw"] == 0
+    assert local["server_saw_raw_ratings"] is False and local["debiased"] is True
+    assert local["mechanism"] == {"mechanism": "BoundedLaplace", "epsilon": 2.0, "range": [1.0, 5.0]}
