@@ -57,7 +57,7 @@ def _markdown(result: dict) -> str:
 
 
 def _plot(plt, result: dict):
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True, layout="constrained")
     grids = [np.array(result["rmse"][k]) for k in ("k1", "k4")]
     lo, hi = min(g.min() for g in grids), max(g.max() for g in grids)
     for ax, k, grid in zip(axes, ("k = 1 (feature hashing)", "k = 4 (count sketch)"), grids):

@@ -60,7 +60,7 @@ def _markdown(result: dict) -> str:
 
 
 def _plot(plt, result: dict):
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     x = np.arange(len(result["lambdas"]))
     for kind, style in (("regular", "k-o"), ("sketch", "b-s"), ("hashing", "r-^")):
         a.plot(x, result["test_rmse_d32_gamma1"][kind], style, label=kind)

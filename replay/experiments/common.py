@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,8 +87,7 @@ def write(out: Path, stem: str, result: dict, markdown: str, plot) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig = plot(plt)
-    with warnings.catch_warnings():  # colour bars spanning axes: tight_layout only approximates
-        warnings.simplefilter("ignore", UserWarning)
+    if fig.get_layout_engine() is None:  # figures with colour bars bring their own (constrained)
         fig.tight_layout()
     fig.savefig(out / f"{stem}.png", dpi=120)
     plt.close(fig)
