@@ -9,6 +9,9 @@
   rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
   at most once per ten times its own build cost: recommendations reflect the model as of at most
   ``max(refresh_s, 10 x build time)`` ago (1 s by default; ~1 ms to build for ML-100k's catalogue).
+- for catalogues of ``index_threshold`` items or more, a retrieval index over the snapshot
+  (``models.retrieval``: qoLSH codes, a Hamming short-list, exact re-rank of the short-list),
+  refreshed incrementally with the snapshot; smaller catalogues are scored exactly.
 
 ``Recommender.learn_many`` has the learner's signature, so the evaluation protocols and the
 learning thread drive it exactly as they drive a bare model. Learning and reading run in different
@@ -100,8 +103,9 @@ class Recommender:
 
     def __init__(self, model, pair_capacity: int = 5_000_000, user_capacity: int = 1_000_000,
                  fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0,
-                 monitor=None):
+                 monitor=None, index_threshold: int = 20_000, index_shortlist: float = 0.1):
         self.model = model
+        self.index_threshold, self.index_shortlist = index_threshold, index_shortlist
         self.monitor = monitor
         self.pairs_seen = BloomFilter(pair_capacity, fp_rate, seed=seed)
         self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
@@ -113,6 +117,7 @@ class Recommender:
         """Threading state, never checkpointed."""
         self.refresh_s = refresh_s
         self.debias = None  # prediction map for LDP-perturbed streams (privacy.ldp.Debias)
+        self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
         self._snapshot: ItemSnapshot | None = None
         self._snapshot_lock = threading.Lock()
         self.learning = threading.Event()
@@ -168,7 +173,8 @@ class Recommender:
 
     def recommend(self, user, k: int) -> tuple[list[tuple[object, float]], str]:
         """Top-k unseen items for the user, best first, and where they came from
-        ("model", or "popular" for a user the model has not seen)."""
+        ("model", "model-index" when the retrieval index answered, or "popular" for a user the
+        model has not seen)."""
         ukey = user_key(user)
         if not len(self.catalogue):
             return [], "empty"
@@ -177,7 +183,18 @@ class Recommender:
         snap = self.item_snapshot()
         ids, keys = snap.ids, snap.keys
         p, bu = self.model.factors(np.array([ukey], dtype=np.uint64), USER)
-        scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + (self.model.global_mean + bu[0])
+        offset = self.model.global_mean + bu[0]
+
+        def seen_rows(rows):
+            ukeys = np.full(len(rows), ukey, dtype=np.uint64)
+            return self.pairs_seen.contains_many(pair_keys(ukeys, keys[rows]))
+
+        index = self.index
+        if index is not None and len(index) == len(ids):
+            rows, scores = index.search(p[0], k, exclude=seen_rows)
+            if len(rows) == k:
+                return [(ids[n], float(s + offset)) for n, s in zip(rows, scores)], "model-index"
+        scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + offset
         ukeys = np.full(len(keys), ukey, dtype=np.uint64)
         seen = self.pairs_seen.contains_many(pair_keys(ukeys, keys))
         scores[seen] = -np.inf
@@ -200,7 +217,14 @@ class Recommender:
                 learned = self.model.n_learned
                 ids, keys = self.catalogue.snapshot()
                 vectors, biases = self.model.factors(keys, ITEM)
-                self._snapshot = ItemSnapshot(ids, keys, vectors.astype(np.float32), biases, learned,
+                vectors = vectors.astype(np.float32)
+                if len(ids) >= self.index_threshold:
+                    if self.index is None:
+                        from models.retrieval import RetrievalIndex
+                        self.index = RetrievalIndex(vectors.shape[1], bits=128,
+                                                    shortlist=self.index_shortlist)
+                    self.index.update(vectors, biases)
+                self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned,
                                               time.monotonic(), time.monotonic() - t0)
             finally:
                 self._snapshot_lock.release()
@@ -232,6 +256,7 @@ class Recommender:
             cat = np.array(serving["catalogue"], dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
         rec.monitor = None
+        rec.index_threshold, rec.index_shortlist = 20_000, 0.1
         rec._init_runtime(refresh_s)
         return rec
 

@@ -96,3 +96,23 @@ def test_blip_attacks_quick(tmp_path):
         for method in ("popularity", "single", "joint", "joint_popularity_prior"):
             assert 0 <= row[method]["cosine_mean"] <= 1 and 0 <= row[method]["map10"] <= 1
     assert row["flip_probability"] == 0.5  # eps = 0 is the last row
+
+
+def test_qolsh_quick(tmp_path):
+    result = _quick(tmp_path, "qolsh")
+    for name in ("lsh", "lsh_frame", "qolsh", "optimal"):
+        assert set(result[name]) >= {"mse", "entropy_bits", "us_per_vector"}
+        assert 0 < result[name]["mse"] < 1 and 0 < result[name]["entropy_bits"] <= 16
+    assert result["optimal"]["mse"] <= result["qolsh"]["mse"] < result["lsh_frame"]["mse"] < result["lsh"]["mse"]
+    recall = result["recall_at_R"]
+    assert all(0 <= v <= 1 for rec in recall.values() for v in rec.values())
+    assert recall["qolsh"]["1000"] >= recall["lsh"]["1000"]
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_retrieval_quick(tmp_path):
+    result = _quick(tmp_path, "retrieval")
+    for cat in result["catalogues"].values():
+        for run in cat["runs"]:
+            assert 0 <= run["recall_at_10"] <= 1 and 0 < run["scored_exactly"] <= 1
+            assert run["index_us_per_query"] > 0 and run["exact_us_per_query"] > 0
