@@ -116,3 +116,21 @@ def test_retrieval_quick(tmp_path):
         for run in cat["runs"]:
             assert 0 <= run["recall_at_10"] <= 1 and 0 < run["scored_exactly"] <= 1
             assert run["index_us_per_query"] > 0 and run["exact_us_per_query"] > 0
+
+
+def test_huber_synthetic_quick(tmp_path):
+    result = _quick(tmp_path, "huber-synthetic")
+    for row in result["rows"]:
+        for m in ("none", "gaussian", "laplace", "huber"):
+            assert math.isfinite(row[m][0]) and row[m][0] > 0
+        assert row["none"][0] <= min(row[m][0] for m in ("gaussian", "laplace", "huber"))
+    at_eps = [r for r in result["rows"] if r["compare_at"] == "epsilon"]
+    assert all(r["laplace_epsilon"] == r["huber_epsilon"] == r["level"] for r in at_eps)
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_blp_mog_quick(tmp_path):
+    result = _quick(tmp_path, "blp-mog")
+    for row in result["rows"] + list(result["non_private"].values()):
+        assert 0.5 < row["rmse"] < 2.5 and 0 <= row["f_at_10"] <= 1
+    assert {r["perturbation"] for r in result["rows"]} == {"blp", "laplace_clamp"}
