@@ -176,3 +176,78 @@ class BlpMogMF:
         return self
 
     predict = _Alternating.predict
+
+
+def _unit_columns(X: np.ndarray) -> np.ndarray:
+    """Scale every column to L2 norm at most 1 (what the sensitivity analysis needs, enforced)."""
+    return X / np.maximum(1.0, np.linalg.norm(X, axis=0, keepdims=True))
+
+
+class PrivateNMF:
+    """Robust NMF with outliers and Gaussian noise on the W step's sufficient statistics (seed 004
+    Alg. 2): a trusted curator holds V (D x N, one column per user) and computes H, R; each outer
+    iteration releases A = H H^T / N + N(0, tau_A^2) and B = (V - R) H^T / N + N(0, tau_B^2),
+    tau = (Delta / eps_t) sqrt(2 log(1.25 / delta)), from which the analyst updates W.
+
+    Enforced here, unlike the paper's Algorithm 2: every column of V is scaled to unit L2 norm at
+    ``fit``, every column of H and R is projected to the unit ball after each of its updates, so
+    Delta_A = 2/N and Delta_B = 4/N hold (replace-one neighbours, N public). The seed's random-free
+    NNDSVD start is replaced by a seeded uniform start. ``epsilon_t=None`` is the non-private run.
+    ``steps()`` lists the releases for the accountant: 2T Gaussian mechanisms with noise
+    multipliers tau_A / Delta_A and tau_B / Delta_B."""
+
+    def __init__(self, rank: int = 10, iters: int = 50, epsilon_t: float | None = 0.5,
+                 delta: float = 1e-5, lam: float = 0.1, outlier_bound: float = 1.0,
+                 inner: int = 5, analyst_steps: int = 5, seed: int = 0):
+        if rank < 1 or iters < 1 or (epsilon_t is not None and not 0 < epsilon_t < 1):
+            raise ValueError("need rank, iters >= 1 and 0 < epsilon_t < 1 (Gaussian mechanism)")
+        self.rank, self.iters, self.epsilon_t, self.delta = rank, iters, epsilon_t, delta
+        self.lam, self.M, self.inner, self.analyst_steps, self.seed = lam, outlier_bound, inner, analyst_steps, seed
+
+    def noise_multiplier(self) -> float:
+        """tau / Delta, the same for A and B under the seed's calibration."""
+        return float(np.sqrt(2 * np.log(1.25 / self.delta)) / self.epsilon_t)
+
+    def steps(self) -> list[tuple[float, int]]:
+        """(noise multiplier, count) of every Gaussian release, for ``privacy.accounting``."""
+        return [] if self.epsilon_t is None else [(self.noise_multiplier(), 2 * self.iters)]
+
+    def closed_form_epsilon(self) -> float:
+        """Theorem 3.1 with the optimal order: eps = T s / 2 + sqrt(2 T s log(1/delta)),
+        s = (Delta_A/tau_A)^2 + (Delta_B/tau_B)^2 over two, i.e. eps_t^2 / log(1.25/delta)."""
+        s = self.epsilon_t ** 2 / np.log(1.25 / self.delta)
+        return float(self.iters * s / 2 + np.sqrt(2 * self.iters * s * np.log(1 / self.delta)))
+
+    def _shrink(self, X: np.ndarray) -> np.ndarray:
+        """S_{lam, M} (eq. 13-14): soft threshold at lam, magnitude capped at M."""
+        return np.sign(X) * np.clip(np.abs(X) - self.lam, 0.0, self.M)
+
+    def fit(self, V: np.ndarray):
+        rng = np.random.default_rng(self.seed)
+        self.scale = np.maximum(1.0, np.linalg.norm(V, axis=0))
+        V = _unit_columns(np.asarray(V, dtype=np.float64))
+        D, N = V.shape
+        W = _unit_columns(rng.uniform(0, 1, (D, self.rank)))
+        H = _unit_columns(rng.uniform(0, 1, (self.rank, N)))
+        R = np.zeros_like(V)
+        tau = None if self.epsilon_t is None else self.noise_multiplier()
+        for _ in range(self.iters):
+            # curator: H and R on the exact data, never released
+            step_h = 1.0 / max(np.linalg.norm(W.T @ W, 2), 1e-9)
+            for _ in range(self.inner):
+                H = _unit_columns(np.maximum(H - step_h * (W.T @ (W @ H) - W.T @ (V - R)), 0.0))
+                R = _unit_columns(self._shrink(V - W @ H))
+            A, B = H @ H.T / N, (V - R) @ H.T / N
+            if tau is not None:
+                A = A + tau * (2.0 / N) * rng.standard_normal(A.shape)
+                B = B + tau * (4.0 / N) * rng.standard_normal(B.shape)
+            # analyst: projected gradient steps on the released statistics (post-processing)
+            step_w = 1.0 / max(np.linalg.norm((A + A.T) / 2, 2), 1e-9)
+            for _ in range(self.analyst_steps):
+                W = _unit_columns(np.maximum(W - step_w * (W @ A - B), 0.0))
+        self.W, self.H, self.R = W, H, R
+        return self
+
+    def reconstruction(self) -> np.ndarray:
+        """W H on the original scale of V's columns."""
+        return (self.W @ self.H) * self.scale[None, :]

@@ -66,3 +66,26 @@ def test_blp_mog_fits_perturbed_ratings_and_beats_plain_mf_on_them():
            for name, m in (("mog", mog), ("plain", plain))}
     assert np.isfinite(list(err.values())).all()
     assert err["mog"] <= err["plain"] * 1.05
+
+
+def test_private_nmf_fits_keeps_the_sensitivity_bounds_and_its_accounting_agrees():
+    from models.batch_private import PrivateNMF
+    from privacy.accounting import GaussianSteps, epsilon_of
+    rng = np.random.default_rng(8)
+    V = rng.uniform(0, 1, (60, 4)) @ rng.uniform(0, 1, (4, 200))  # D x N, non-negative rank 4
+    clean = PrivateNMF(rank=4, iters=40, epsilon_t=None, lam=0.01, seed=1).fit(V)
+    rel = np.linalg.norm(clean.reconstruction() - V) / np.linalg.norm(V)
+    assert rel < 0.15
+    private = PrivateNMF(rank=4, iters=40, epsilon_t=0.3, lam=0.01, seed=1).fit(V)
+    assert np.linalg.norm(private.reconstruction() - V) / np.linalg.norm(V) > rel
+    for M in (private.H, private.R):  # Delta_A = 2/N and Delta_B = 4/N need unit columns
+        assert np.linalg.norm(M, axis=0).max() <= 1 + 1e-9
+    assert (private.W >= 0).all() and np.linalg.norm(private.W, axis=0).max() <= 1 + 1e-9
+    steps = [GaussianSteps(z, 1.0, n) for z, n in private.steps()]
+    rdp, closed = epsilon_of(steps, 1e-5, "rdp"), private.closed_form_epsilon()
+    # the digest's table: eps_t = 0.3 and 0.7 at T = 50 give 3.16 and 7.98
+    assert PrivateNMF(iters=50, epsilon_t=0.3).closed_form_epsilon() == pytest.approx(3.16, abs=0.01)
+    assert PrivateNMF(iters=50, epsilon_t=0.7).closed_form_epsilon() == pytest.approx(7.98, abs=0.01)
+    assert 0 < rdp <= closed  # the closed form's conversion is the looser one
+    with pytest.raises(ValueError):
+        PrivateNMF(epsilon_t=1.5)

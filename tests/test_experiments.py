@@ -134,3 +134,12 @@ def test_blp_mog_quick(tmp_path):
     for row in result["rows"] + list(result["non_private"].values()):
         assert 0.5 < row["rmse"] < 2.5 and 0 <= row["f_at_10"] <= 1
     assert {r["perturbation"] for r in result["rows"]} == {"blp", "laplace_clamp"}
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_dp_nmf_quick(tmp_path):
+    result = _quick(tmp_path, "dp-nmf")
+    private = [r for r in result["rows"] if r["epsilon_t"] is not None]
+    assert private and all(r["epsilon_pld"] <= r["epsilon_rdp"] + 1e-6 <= r["epsilon_theorem_3_1"] + 1e-6
+                           for r in private)
+    assert all(math.isfinite(r["observed_rmse_normalised"]) and math.isfinite(r["test_rmse"]) for r in result["rows"])
