@@ -143,3 +143,12 @@ def test_dp_nmf_quick(tmp_path):
     assert private and all(r["epsilon_pld"] <= r["epsilon_rdp"] + 1e-6 <= r["epsilon_theorem_3_1"] + 1e-6
                            for r in private)
     assert all(math.isfinite(r["observed_rmse_normalised"]) and math.isfinite(r["test_rmse"]) for r in result["rows"])
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_huber_movielens_quick(tmp_path):
+    result = _quick(tmp_path, "huber-movielens")
+    values = [v for cells in result["seed_methods"].values() for v in cells.values()]
+    assert _in_range(values, 0.5, 3.0) and len(values) == 5
+    for r in result["dp_sgd_sketch"].values():
+        assert _in_range([r["rmse"]], 0.5, 3.0) and r["proven_epsilon"] <= 8.0 + 1e-6
