@@ -50,8 +50,10 @@ class DPConfig:
     """What a DP-SGD learner needs: ``clip`` C (L2 bound of one rating's update in cell space),
     ``noise_multiplier`` sigma (noise std sigma*C per cell per step), ``batch_size`` (ratings per
     step in a stream; the expected batch in epoch training), ``unit`` ('rating' or 'user'),
-    ``user_cap`` m (ratings kept per user; required for the user unit), and the public
-    ``rating_range`` (predictions are clipped to it; the offset starts at its midpoint)."""
+    ``user_cap`` m (ratings kept per user; required for the user unit), the public
+    ``rating_range`` (predictions are clipped to it; the offset starts at its midpoint), and
+    ``mode``, the name reported: "dp-sgd", or "sgld-dp" when sigma comes from an SGLD temperature
+    (the same noisy step: Langevin noise on every cell is a Gaussian mechanism)."""
 
     noise_multiplier: float
     clip: float = 1.0
@@ -59,6 +61,7 @@ class DPConfig:
     unit: str = "rating"
     user_cap: int | None = None
     rating_range: tuple[float, float] = (1.0, 5.0)
+    mode: str = "dp-sgd"
 
     def __post_init__(self):
         if not self.noise_multiplier >= 0 or not self.clip > 0 or self.batch_size < 1:

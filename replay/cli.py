@@ -83,6 +83,10 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                        "('inf': clipping without noise)")
     noise.add_argument("--dp-noise", type=float, metavar="SIGMA",
                        help="train with DP-SGD at this noise multiplier; epsilon is accounted")
+    noise.add_argument("--sgld-dp", type=float, metavar="TAU",
+                       help="SGLD at temperature TAU with clipped gradients: the Langevin noise "
+                       "(sqrt(k lr TAU) per cell per step) is a Gaussian mechanism, accounted "
+                       "like DP-SGD's with sigma = sqrt(k TAU / lr) / C")
     dp.add_argument("--dp-delta", type=float, default=DP_DEFAULTS["delta"])
     dp.add_argument("--dp-clip", type=float, default=DP_DEFAULTS["clip"], metavar="C",
                     help="L2 bound of one rating's update in sketch-cell space")
@@ -124,7 +128,7 @@ def _pair(text: str, ap=None) -> tuple[float, float]:
 
 
 def uses_dp(args) -> bool:
-    return args.dp_epsilon is not None or args.dp_noise is not None
+    return any(getattr(args, a, None) is not None for a in ("dp_epsilon", "dp_noise", "sgld_dp"))
 
 
 def resolve_defaults(args) -> None:
@@ -148,14 +152,17 @@ def dp_config(args, stream: bool):
     if args.dp_unit == "user" and not args.dp_user_cap:
         raise SystemExit("--dp-unit user needs --dp-user-cap M")
     factor = 1 if args.dp_unit == "rating" else args.dp_user_cap
+    mode = "dp-sgd"
     if args.dp_noise is not None:
         sigma = args.dp_noise
+    elif args.sgld_dp is not None:  # the same noise the SGLD kernel puts on a cell, as a multiplier
+        sigma, mode = float(np.sqrt(args.depth * args.sgld_dp / args.lr)) / args.dp_clip, "sgld-dp"
     elif np.isinf(args.dp_epsilon) or not stream:
         sigma = 0.0
     else:  # one pass over a stream: replace-one, sensitivity 2C per unit
         sigma = 2 * factor * calibrate_noise(args.dp_epsilon, args.dp_delta)
     return DPConfig(noise_multiplier=sigma, clip=args.dp_clip, batch_size=args.dp_batch,
-                    unit=args.dp_unit, user_cap=args.dp_user_cap, rating_range=(lo, hi))
+                    unit=args.dp_unit, user_cap=args.dp_user_cap, rating_range=(lo, hi), mode=mode)
 
 
 def dp_target(args) -> float | None:

@@ -22,9 +22,9 @@ def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None)
     figures = {"epsilon": None, "delta": None, "privacy_unit": None, "proven_bound": None,
                "mode": "clip-loss" if clip else "sgld" if sgld else "non-private"}
     if dp is not None and dp.noise_multiplier > 0 and ledger is not None:
-        figures.update(describe(ledger))
+        figures.update(describe(ledger, dp.mode))
     elif dp is not None:
-        figures.update(mode="dp-sgd", epsilon=float("inf"), privacy_unit=dp.unit, proven_bound=False,
+        figures.update(mode=dp.mode, epsilon=float("inf"), privacy_unit=dp.unit, proven_bound=False,
                        guarantee="none: clipped DP-SGD without noise (epsilon = infinity)")
     elif clip:
         figures.update(epsilon=clip, privacy_unit="rating", proven_bound=False,

@@ -173,3 +173,14 @@ def test_dp_config_refuses_bad_settings():
         SketchMF(dp=DPConfig(noise_multiplier=1.0), clip_loss=2.0)
     with pytest.raises(ValueError):
         SketchMF().noisy_step(["u"], ["i"], [1.0])
+
+
+def test_sgld_with_clipped_gradients_is_accounted_as_a_gaussian_mechanism(capsys):
+    out = _replay_json(capsys, "--holdout", "0.2", "--epochs", "2", "--sgld-dp", "0.0004", "--lr", "0.01",
+                       "--depth", "4", "--dp-clip", "2", "--synthetic-ratings", "10000",
+                       "--synthetic-users", "200", "--synthetic-items", "100", "--quiet", "--json")
+    priv = out["privacy"]
+    assert priv["mode"] == "sgld-dp" and priv["proven_bound"] is True
+    # per-cell Langevin noise sqrt(k lr tau) = lr * sigma * C  =>  sigma = sqrt(k tau / lr) / C
+    assert priv["dp"]["noise_multiplier"] == pytest.approx(math.sqrt(4 * 0.0004 / 0.01) / 2)
+    assert math.isfinite(priv["epsilon"]) and priv["epsilon"] > 0
