@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sketches.count_sketch import gather_mean, locate
+from sketches.count_sketch import gather_mean, locate, scatter_add
 from sketches.hashing import mix64
 
 # positions in the hyper-parameter vector handed to the kernels
@@ -115,13 +115,15 @@ def step_or_skip(e, p, q, bu, bi, hp, counters, dp, dq):
 
 @njit(inline="always", cache=True)
 def scatter_noisy(cells, addr, sign, delta, noise_std):
+    """scatter_add plus N(0, noise_std^2) per touched cell; the noiseless case keeps the plain
+    loop (no branch or RNG call per cell in the hot path)."""
+    if noise_std <= 0.0:
+        scatter_add(cells, addr, sign, delta)
+        return
     k, d = addr.shape
     for l in range(d):
         for j in range(k):
-            step = sign[j, l] * delta[l]
-            if noise_std > 0.0:
-                step += noise_std * np.random.standard_normal()
-            cells[j, addr[j, l]] += step
+            cells[j, addr[j, l]] += sign[j, l] * delta[l] + noise_std * np.random.standard_normal()
 
 
 @njit(cache=True)
