@@ -16,8 +16,21 @@ than ``refresh_angle`` since it was encoded; the rest keep their codes.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from sketches.cosine import CosineSketch
+
+
+@njit(nogil=True, cache=True)
+def _score_rows(vectors, biases, rows, query, out):
+    """b_i + q_i . p for the short-listed rows only: numpy would first copy the rows out
+    (fancy indexing), which costs more than scoring them."""
+    for n in range(rows.shape[0]):
+        i = rows[n]
+        acc = biases[i]
+        for l in range(query.shape[0]):
+            acc += vectors[i, l] * query[l]
+        out[n] = acc
 
 
 class RetrievalIndex:
@@ -40,7 +53,7 @@ class RetrievalIndex:
         self.biases = np.empty(0, dtype=np.float32)
         self.reencoded = 0  # items encoded by the last update
         self.last_scored = 0
-        self.index = (self.codes, self.vectors, self.biases)  # what search reads, swapped whole
+        self.index = (self.codes.T.copy(), self.vectors, self.biases)  # what search reads, swapped whole
 
     def __len__(self) -> int:
         return self.vectors.shape[0]
@@ -77,7 +90,8 @@ class RetrievalIndex:
             fresh = self._points(vectors[stale], biases[stale])
             points[stale] = fresh
             codes[stale] = self._encode(fresh)
-        self.index = (codes, vectors, biases)  # swapped in one assignment
+        # word-major copy for search: one contiguous XOR + popcount pass per 64-bit word
+        self.index = (np.ascontiguousarray(codes.T), vectors, biases)  # swapped in one assignment
         self.points, self.codes, self.vectors, self.biases = points, codes, vectors, biases
         self.reencoded = len(stale)
         return self.reencoded
@@ -91,13 +105,15 @@ class RetrievalIndex:
         boolean mask over rows, or a function from short-listed rows to such a mask — removes
         rows (e.g. items the user rated) before the exact re-rank. Returns as many as the
         short-list holds after exclusion (the caller falls back to exact scoring if fewer than k)."""
-        codes, vectors, biases = self.index
-        n = len(codes)
+        words, vectors, biases = self.index
+        n = words.shape[1]
         if n == 0:
             return np.empty(0, dtype=np.int64), np.empty(0)
         query = np.r_[np.asarray(user_vector, dtype=np.float64), 1.0, 0.0]
         qcode = np.ascontiguousarray(self.query_sketch.encode(query[None, :])).view(np.uint64)[0]
-        distance = np.bitwise_count(codes ^ qcode).sum(axis=1)
+        distance = np.bitwise_count(words[0] ^ qcode[0]).astype(np.int32)
+        for w in range(1, words.shape[0]):
+            distance += np.bitwise_count(words[w] ^ qcode[w])
         s = self.shortlist_size(n)
         if s < n:  # distances are small integers: the cut-off from their histogram, not a sort
             cut = int(np.searchsorted(np.cumsum(np.bincount(distance)), s))
@@ -107,6 +123,8 @@ class RetrievalIndex:
         if exclude is not None:
             rows = rows[~(exclude(rows) if callable(exclude) else exclude[rows])]
         self.last_scored = len(rows)  # scored exactly by the last search (ties at the cut included)
-        scores = vectors[rows] @ np.asarray(user_vector, dtype=np.float32) + biases[rows]
-        best = np.argsort(-scores, kind="stable")[:k]
-        return rows[best], scores[best].astype(np.float64)
+        scores = np.empty(len(rows))
+        _score_rows(vectors, biases, rows, np.asarray(user_vector, dtype=np.float32), scores)
+        top = np.argpartition(-scores, k)[:k] if len(rows) > k else np.arange(len(rows))
+        best = top[np.argsort(-scores[top], kind="stable")]
+        return rows[best], scores[best]
