@@ -418,6 +418,11 @@ def summary(result: dict) -> str:
         + (f" k={p['depth']} w={p['width']} gamma={p['space_gain']}" if "depth" in p else ""),
     ]
     priv = result["privacy"]
+    if priv.get("epsilon") is not None:
+        lines.append(f"  guarantee         epsilon {priv['epsilon']:.4g}"
+                     + (f", delta {priv['delta']:g}" if priv.get("delta") else "")
+                     + f" per {priv['privacy_unit']} — "
+                     + ("proven upper bound" if priv["proven_bound"] else "heuristic, not a proven bound"))
     lines.append(f"  privacy           mode {priv['mode']}; KLD "
                  + (f"{result['kld']:.4f}" if result.get("kld") is not None else "n/a")
                  + " (eq. 4.15, heuristic)"
