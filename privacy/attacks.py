@@ -188,3 +188,54 @@ class JltRelease:
 
     def single_decoder_scores(self, released: np.ndarray) -> np.ndarray:
         return self.codebook @ released
+
+    def joint_decoder(self, released: np.ndarray, sigma: float, size: float,
+                      prior: np.ndarray | None = None, prefilter: float = 4.0, burn_in: int = 200,
+                      samples: int = 800, seed: int = 0) -> np.ndarray:
+        """Posterior inclusion probabilities from a Gibbs sampler over profiles under the exact
+        Gaussian likelihood of the release, ||Y - sum_{j in X} X_j||^2 / (2 sigma^2), restricted to
+        the ``prefilter`` x size candidates the single decoder scores highest."""
+        n = self.n_items
+        scores = self.single_decoder_scores(released)
+        n_cand = int(min(n, max(1, round(prefilter * size))))
+        candidates = np.argsort(-scores, kind="stable")[:n_cand]
+        pi = np.full(n, min(max(size / n, 1e-6), 1 - 1e-6)) if prior is None else np.clip(prior, 1e-6, 1 - 1e-6)
+        init = np.zeros(n_cand, dtype=np.bool_)
+        init[:int(min(n_cand, round(size)))] = True
+        marginal = _gibbs_gaussian(np.asarray(released, dtype=np.float64), self.codebook[candidates],
+                                   np.log(pi[candidates] / (1 - pi[candidates])), max(sigma, 1e-3) ** 2,
+                                   burn_in, samples, seed, init)
+        out = np.zeros(n)
+        out[candidates] = marginal
+        return out
+
+
+@njit(cache=True)
+def _gibbs_gaussian(released, codes, prior_logit, var, burn_in, samples, seed, init):
+    """Gibbs sweeps for the JLT release: the residual r = Y - sum of included codewords is kept,
+    so including codeword x changes the log-likelihood by (2 r.x - ||x||^2) / (2 var)."""
+    np.random.seed(seed)
+    n, dim = codes.shape
+    residual = released.copy()
+    state = init.copy()
+    for c in range(n):
+        if state[c]:
+            residual -= codes[c]
+    norms = np.empty(n)
+    for c in range(n):
+        norms[c] = np.dot(codes[c], codes[c])
+    marginal = np.zeros(n)
+    for sweep in range(burn_in + samples):
+        for c in range(n):
+            if state[c]:
+                residual += codes[c]
+            delta = (2.0 * np.dot(residual, codes[c]) - norms[c]) / (2.0 * var)
+            logit = min(max(prior_logit[c] + delta, -50.0), 50.0)
+            include = np.random.random() < 1.0 / (1.0 + math.exp(-logit))
+            if include:
+                residual -= codes[c]
+            state[c] = include
+        if sweep >= burn_in:
+            for c in range(n):
+                marginal[c] += state[c]
+    return marginal / max(samples, 1)

@@ -89,3 +89,17 @@ def test_jlt_single_decoder_finds_the_profile_at_low_noise():
     assert reconstruction_cosine(truth, rank_and_estimate(scores, 20)[1]) > 0.9
     noisy = jlt.single_decoder_scores(jlt.release(truth, 30.0, rng))
     assert reconstruction_cosine(truth, rank_and_estimate(noisy, 20)[1]) < 0.5
+
+
+def test_jlt_joint_decoder_beats_the_single_decoder_at_moderate_noise():
+    rng = np.random.default_rng(11)
+    jlt = JltRelease(N_ITEMS, dim=200, seed=12)
+    single, joint = [], []
+    for _ in range(5):
+        truth = _profile(rng, 20)
+        released = jlt.release(truth, 0.2, rng)
+        s = jlt.single_decoder_scores(released)
+        single.append(reconstruction_cosine(truth, rank_and_estimate(s, 20)[1]))
+        m = jlt.joint_decoder(released, 0.2, 20, burn_in=100, samples=300)
+        joint.append(reconstruction_cosine(truth, rank_and_estimate(m, 20, s)[1]))
+    assert np.mean(joint) > np.mean(single) + 0.05
