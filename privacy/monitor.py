@@ -101,9 +101,11 @@ class PrivacyMonitor:
         if fill < n:
             slots = (self.rng.random(n - fill) * (seen_before[fill:] + 1)).astype(np.int64)
             take = np.flatnonzero(slots < self.capacity)
-            for t in take:  # in order, so a later rating may replace an earlier one: algorithm R
-                s, src = slots[t], fill + t
-                self._res_users[s], self._res_items[s], self._res_ratings[s] = ukeys[src], ikeys[src], ratings[src]
+            # applied in order, a later rating replaces an earlier one in the same slot (algorithm R):
+            # keep only the last taker of each slot, then assign all at once
+            last = take.shape[0] - 1 - np.unique(slots[take][::-1], return_index=True)[1]
+            dest, src = slots[take[last]], fill + take[last]
+            self._res_users[dest], self._res_items[dest], self._res_ratings[dest] = ukeys[src], ikeys[src], ratings[src]
 
     def probe(self, model) -> None:
         """Re-predict the reservoir with the current model: the seen-error sample."""

@@ -76,6 +76,26 @@ def test_reservoir_is_a_uniform_sample_of_everything_offered():
     assert np.allclose(deciles, 0.1, atol=0.01), deciles
 
 
+def test_batched_reservoir_equals_algorithm_r_applied_one_rating_at_a_time():
+    # the same random slots, replayed sequentially: a later rating overwrites an earlier one
+    mon = PrivacyMonitor(window=10, reservoir=20, probe_every=10**9, seed=3)
+    rng = np.random.default_rng(3)
+    reference = np.zeros(20)
+    offered = 0
+    for size in (15, 40, 200, 7, 500):
+        ids = np.arange(offered, offered + size, dtype=np.uint64)
+        mon.observe(None, ids, ids, ids.astype(float), np.zeros(size))
+        fill = min(max(20 - offered, 0), size)
+        reference[offered:offered + fill] = ids[:fill]
+        slots = (rng.random(size - fill) * (offered + np.arange(fill, size) + 1)).astype(np.int64)
+        for t, slot in enumerate(slots):
+            if slot < 20:
+                reference[slot] = ids[fill + t]
+        offered += size
+    assert np.array_equal(mon._res_ratings, reference)
+    assert np.array_equal(mon._res_users.astype(float), reference)
+
+
 def test_probe_measures_seen_errors_and_alerts_once(caplog):
     mon = PrivacyMonitor(window=100, reservoir=100, probe_every=200, alert_kld=0.5)
     rng = np.random.default_rng(2)
