@@ -23,6 +23,25 @@ def test_int_and_decimal_string_are_the_same_id():
     assert keys_of(["a", "b", "a"]).tolist() == [key_of("a"), key_of("b"), key_of("a")]
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), min_size=1, max_size=50),
+       st.integers(min_value=0, max_value=2**32 - 1))
+def test_vectorised_integer_keys_equal_mmh3_of_the_decimal_text(values, seed):
+    # the numba MurmurHash3 port used for int arrays must give exactly mmh3's keys
+    expected = [key_of(v, seed) for v in values]
+    assert keys_of(np.array(values, dtype=np.int64), seed).tolist() == expected
+    assert keys_of(np.array(values, dtype=np.int64).astype(np.int32, casting="unsafe"), seed).tolist() == [
+        key_of(int(v), seed) for v in np.array(values, dtype=np.int64).astype(np.int32, casting="unsafe")]
+
+
+def test_vectorised_integer_keys_at_the_edges_of_every_integer_type():
+    edges = [0, 1, 9, 10, 99, 100, 10**15 - 1, 10**15, 10**16, 2**63 - 1, 2**64 - 1]  # 16 digits = a block
+    assert keys_of(np.array(edges, dtype=np.uint64)).tolist() == [key_of(v) for v in edges]
+    signed = [-(2**63), -(10**16), -1, 0, 2**63 - 1]
+    assert keys_of(np.array(signed, dtype=np.int64)).tolist() == [key_of(v) for v in signed]
+    assert keys_of(np.array([3, 250], dtype=np.uint8)).tolist() == [key_of(3), key_of(250)]
+
+
 def test_unsupported_id_types_are_refused():
     for bad in (1.5, None, True):
         with pytest.raises(TypeError):
