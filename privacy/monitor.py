@@ -16,6 +16,7 @@ import logging
 import math
 
 import numpy as np
+from numba import njit
 
 from privacy.leakage import gaussian_kld
 
@@ -33,6 +34,9 @@ class _Moments:
         self.s += sign * float(x.sum())
         self.ss += sign * float(x @ x)
 
+    def shift(self, count: int, total: float, squares: float) -> None:
+        self.n, self.s, self.ss = self.n + count, self.s + total, self.ss + squares
+
     @property
     def mean(self) -> float:
         return self.s / self.n if self.n else math.nan
@@ -40,6 +44,41 @@ class _Moments:
     @property
     def var(self) -> float:
         return max(self.ss / self.n - self.mean ** 2, 0.0) if self.n else math.nan
+
+
+@njit(cache=True)
+def _reservoir_offer(res_users, res_items, res_ratings, ukeys, ikeys, ratings, offered, fill, uniforms):
+    """Algorithm R, one rating at a time (a later rating may replace an earlier one of the same
+    batch): the first `fill` ratings take the free slots (while the reservoir is filling, slot =
+    stream index); rating t (0-based over the whole stream) then takes slot floor(u * (t + 1))
+    when that is below the capacity."""
+    size = res_ratings.shape[0]
+    for m in range(fill):
+        slot = offered + m
+        res_users[slot], res_items[slot], res_ratings[slot] = ukeys[m], ikeys[m], ratings[m]
+    for m in range(fill, ratings.shape[0]):
+        slot = np.int64(uniforms[m - fill] * (offered + m + 1))
+        if slot < size:
+            res_users[slot], res_items[slot], res_ratings[slot] = ukeys[m], ikeys[m], ratings[m]
+
+
+@njit(cache=True)
+def _ring_push(ring, pos, errors, leaving):
+    """Write errors into the ring from pos on; return the change in the window's sum and sum of
+    squares. The last `leaving` writes land on occupied slots (the oldest errors go out); the ones
+    before them fill empty slots of a ring that is not yet full."""
+    window, n = ring.shape[0], errors.shape[0]
+    s, ss = 0.0, 0.0
+    for m in range(n):
+        slot = (pos + m) % window
+        if m >= n - leaving:
+            old = ring[slot]
+            s -= old
+            ss -= old * old
+        ring[slot] = errors[m]
+        s += errors[m]
+        ss += errors[m] * errors[m]
+    return s, ss
 
 
 class PrivacyMonitor:
@@ -78,34 +117,23 @@ class PrivacyMonitor:
         if errors.shape[0] >= self.window:
             errors = errors[-self.window:]
         n = errors.shape[0]
+        filled = self.window if self._ring_full else self._ring_pos
+        leaving = max(filled + n - self.window, 0)   # oldest errors pushed out of the window
+        s, ss = _ring_push(self._ring, self._ring_pos, errors, leaving)
+        self.unseen_window.shift(n - leaving, s, ss)
         end = self._ring_pos + n
-        idx = np.arange(self._ring_pos, end) % self.window
-        if self._ring_full or end > self.window:
-            leaving = self._ring[idx] if self._ring_full else self._ring[idx[idx < self._ring_pos]]
-            self.unseen_window.add(leaving, sign=-1)
-        self._ring[idx] = errors
-        self.unseen_window.add(errors)
         self._ring_full = self._ring_full or end >= self.window
         self._ring_pos = end % self.window
 
     def _offer(self, ukeys, ikeys, ratings) -> None:
-        """Reservoir sampling (algorithm R), vectorised over the batch."""
+        """Reservoir sampling (algorithm R) over the batch, with uniforms from the seeded generator."""
         n = len(ratings)
-        seen_before = self._offered + np.arange(n)              # index of each offered rating
-        self._offered += n
         fill = min(max(self.capacity - self._res_size, 0), n)
-        if fill:
-            sl = slice(self._res_size, self._res_size + fill)
-            self._res_users[sl], self._res_items[sl], self._res_ratings[sl] = ukeys[:fill], ikeys[:fill], ratings[:fill]
-            self._res_size += fill
-        if fill < n:
-            slots = (self.rng.random(n - fill) * (seen_before[fill:] + 1)).astype(np.int64)
-            take = np.flatnonzero(slots < self.capacity)
-            # applied in order, a later rating replaces an earlier one in the same slot (algorithm R):
-            # keep only the last taker of each slot, then assign all at once
-            last = take.shape[0] - 1 - np.unique(slots[take][::-1], return_index=True)[1]
-            dest, src = slots[take[last]], fill + take[last]
-            self._res_users[dest], self._res_items[dest], self._res_ratings[dest] = ukeys[src], ikeys[src], ratings[src]
+        uniforms = self.rng.random(n - fill)
+        self._res_size += fill
+        _reservoir_offer(self._res_users, self._res_items, self._res_ratings, ukeys, ikeys, ratings,
+                         self._offered, fill, uniforms)
+        self._offered += n
 
     def probe(self, model) -> None:
         """Re-predict the reservoir with the current model: the seen-error sample."""
