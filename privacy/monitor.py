@@ -29,12 +29,11 @@ class _Moments:
     def __init__(self):
         self.n, self.s, self.ss = 0, 0.0, 0.0
 
-    def add(self, x: np.ndarray, sign: int = 1) -> None:
-        self.n += sign * x.shape[0]
-        self.s += sign * float(x.sum())
-        self.ss += sign * float(x @ x)
+    def add(self, x: np.ndarray) -> None:
+        self.shift(x.shape[0], float(x.sum()), float(x @ x))
 
     def shift(self, count: int, total: float, squares: float) -> None:
+        """Add already-summed values (count may be negative when values leave a window)."""
         self.n, self.s, self.ss = self.n + count, self.s + total, self.ss + squares
 
     @property
