@@ -33,7 +33,7 @@ class _Moments:
         self.shift(x.shape[0], float(x.sum()), float(x @ x))
 
     def shift(self, count: int, total: float, squares: float) -> None:
-        """Add already-summed values (count may be negative when values leave a window)."""
+        """Add already-summed values (a sliding window passes its net change)."""
         self.n, self.s, self.ss = self.n + count, self.s + total, self.ss + squares
 
     @property

@@ -46,11 +46,8 @@ def keys_of(ids: Iterable[Hashable] | np.ndarray, seed: int = 0) -> np.ndarray:
     if arr.size == 0:
         return np.empty(0, dtype=KEY_DTYPE)
     if arr.dtype.kind in "iu":
-        flat = arr.reshape(-1)
-        negative = flat < 0 if arr.dtype.kind == "i" else np.zeros(flat.shape, dtype=np.bool_)
-        # |x| as uint64 (two's complement negation is exact for int64's minimum too)
-        magnitude = np.where(negative, -flat.astype(np.int64).view(np.uint64), flat.astype(np.uint64))
-        return _int_keys(magnitude, negative, np.uint64(seed))
+        wide = np.int64 if arr.dtype.kind == "i" else np.uint64  # one compiled kernel per kind
+        return _int_keys(arr.reshape(-1).astype(wide, copy=False), np.uint64(seed))
     cache: dict = {}
     out = np.empty(arr.size, dtype=KEY_DTYPE)
     for n, item_id in enumerate(arr.reshape(-1)):
@@ -138,13 +135,15 @@ def _murmur3_low(text, n, seed):
 
 
 @njit(nogil=True, cache=True)
-def _int_keys(magnitude, negative, seed):
-    """Keys of integer ids (|x| and sign): MurmurHash3 of their decimal text, as key_of does."""
-    out = np.empty(magnitude.shape[0], dtype=np.uint64)
+def _int_keys(values, seed):
+    """Keys of integer ids (int64 or uint64): MurmurHash3 of their decimal text, as key_of does."""
+    out = np.empty(values.shape[0], dtype=np.uint64)
     digits = np.empty(20, dtype=np.uint8)
     text = np.empty(21, dtype=np.uint8)
-    for n in range(magnitude.shape[0]):
-        x, count = magnitude[n], 0
+    for n in range(values.shape[0]):
+        negative = values[n] < 0
+        # |x| as uint64: the cast wraps, so 0 - x is exact for int64's minimum too
+        x, count = (_U64(0) - _U64(values[n])) if negative else _U64(values[n]), 0
         while True:
             digits[count] = _U64(48) + x % _U64(10)
             count += 1
@@ -152,7 +151,7 @@ def _int_keys(magnitude, negative, seed):
             if x == 0:
                 break
         length = 0
-        if negative[n]:
+        if negative:
             text[0] = 45  # "-"
             length = 1
         for c in range(count):
