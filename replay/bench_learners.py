@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
 
@@ -72,16 +71,16 @@ def vw_available() -> bool:
         return False
 
 
-def _paired_overhead(plain, monitored, data: Ratings, runs: int) -> float:
-    """Median over alternating (plain, monitored) pairs of the time ratio: pairing cancels the
-    machine's drift between two separately timed medians, which is as large as the overhead itself."""
-    ratios, plain_seconds = [], 0.0
-    while len(ratios) < runs or (len(ratios) < 7 and plain_seconds < 2.0):  # short runs: 7 pairs
-        a = prequential(plain(), data.batches(10_000))["seconds"]
-        b = prequential(monitored(), data.batches(10_000))["seconds"]
-        ratios.append(b / a)
-        plain_seconds += a
-    return statistics.median(ratios)
+def _timed_rounds(makes: list, part: Ratings, runs: int) -> list[list[dict]]:
+    """Prequential runs of each learner in turn, round after round: at least `runs` rounds, and
+    up to 25 while a round of the first learner lasts under a second in all (a run on ML-100k
+    lasts ~0.1 s). Alternating within a round lets two learners be compared pair by pair."""
+    rounds: list[list[dict]] = []
+    while True:
+        rounds.append([prequential(make(), part.batches(10_000)) for make in makes])
+        spent = sum(r[0]["seconds"] for r in rounds)
+        if len(rounds) >= runs and (spent >= 1.0 or len(rounds) >= 25):
+            return rounds
 
 
 def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: int = 64) -> dict:
@@ -102,14 +101,20 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     Monitored(SketchMF(capacity=10, dim=dim), PrivacyMonitor(window=2, reservoir=2, probe_every=1)).learn_many(
         [1, 2, 3], [1, 2, 3], [3.0, 4.0, 5.0])
     results: dict = {"dim": dim, "ratings": len(data)}
-    for name, (make, n) in learners.items():
-        part = data.take(slice(0, n))
-        timed = [prequential(make(), part.batches(10_000))]
-        # a run of the fast learners on ML-100k lasts ~0.1 s: repeat it to about a second of timing
-        repeats = max(runs, min(25, math.ceil(1.0 / max(timed[0]["seconds"], 1e-3))))
-        timed += [prequential(make(), part.batches(10_000)) for _ in range(repeats - 1)]
-        results[name] = {"ratings": n, "rmse": timed[0]["rmse"], "runs": len(timed),
-                         "throughput_per_s": statistics.median(r["throughput_per_s"] for r in timed)}
+    # the monitor's overhead is the median over alternating plain/monitored pairs: pairing cancels
+    # the machine's drift between two separately timed medians, which is as large as the overhead
+    paired = ("sketch_batch", "sketch_batch_monitored")
+    groups = [paired] + [(name,) for name in learners if name not in paired]
+    for group in groups:
+        n = learners[group[0]][1]
+        rounds = _timed_rounds([learners[name][0] for name in group], data.take(slice(0, n)), runs)
+        for column, name in enumerate(group):
+            timed = [r[column] for r in rounds]
+            results[name] = {"ratings": n, "rmse": timed[0]["rmse"], "runs": len(timed),
+                             "throughput_per_s": statistics.median(r["throughput_per_s"] for r in timed)}
+        if group == paired:
+            results["ratio_monitor_overhead"] = statistics.median(
+                monitored["seconds"] / plain["seconds"] for plain, monitored in rounds)
     prefix = data.take(slice(0, slow))  # accuracy on the prefix the slow learners saw
     same = ErrorStats()
     same.add(SketchMF(capacity=capacity, dim=dim).learn_many(prefix.users, prefix.items, prefix.ratings),
@@ -119,8 +124,6 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     results["ratio_sketch_over_river"] = rate["sketch_batch"] / rate["river_biasedmf"]
     results["ratio_sketch_over_dense"] = rate["sketch_batch"] / rate["dense_batch"]
     results["ratio_sketch_over_vw"] = rate["sketch_batch"] / rate["vowpal_wabbit"] if vw_available() else None
-    results["ratio_monitor_overhead"] = _paired_overhead(learners["sketch_batch"][0],
-                                                         learners["sketch_batch_monitored"][0], data, runs)
     return results
 
 
