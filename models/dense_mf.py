@@ -45,7 +45,7 @@ class DenseMF(FactorizationModel):
     exactly what this one does (same start vectors, same SGD order).
     """
 
-    def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.1,
+    def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.085,
                  bias_reg: float | None = 0.05, init_std: float = 0.05, lr_schedule_T: float = 20.0,
                  sgld_temperature: float | None = None, clip_loss: float | None = None,
                  seed: int = 0):

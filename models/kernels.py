@@ -23,6 +23,7 @@ from numba import njit
 
 from sketches.count_sketch import gather_mean, locate, scatter_add
 from sketches.hashing import mix64
+from sketches.heavy_filter import find, touch
 
 # positions in the hyper-parameter vector handed to the kernels
 LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU = range(6)
@@ -145,10 +146,38 @@ def read_factor(cells, salts, init_salts, key, init_std, addr, sign, out, start)
     """Locate a key's cells (kept in addr/sign for the write-back) and read its full latent
     vector: the sketch estimate plus the key's start vector."""
     locate(salts, key, cells.shape[1], addr, sign)
-    gather_mean(cells, addr, sign, out)
+    gather_mean(cells, addr, sign, out)  # the first salts.shape[1] components (the sketched ones)
+    for l in range(salts.shape[1], out.shape[0]):
+        out[l] = 0.0
     init_vector(key, init_salts, init_std, start)
     for l in range(out.shape[0]):
         out[l] += start[l]
+
+
+@njit(inline="always", cache=True)
+def read_vector(cells, salts, init_salts, fvectors, slot, key, init_std, addr, sign, out, start):
+    """read_factor for an id that may hold a heavy-filter slot (slot >= 0: exact, no sketch)."""
+    if slot < 0:
+        read_factor(cells, salts, init_salts, key, init_std, addr, sign, out, start)
+        return
+    row = fvectors[slot]
+    init_vector(key, init_salts, init_std, start)
+    for l in range(out.shape[0]):
+        out[l] = row[l] + start[l]
+
+
+@njit(inline="always", cache=True)
+def write_slot_or_cells(cells, fvectors, slot, offset, addr, sign, delta, cell_noise_std,
+                        slot_noise_std):
+    """Add delta to an id's parameters: its filter slot's columns from ``offset`` on (0: the
+    vector, dim: the bias), or its sketch cells when it holds no slot (slot < 0)."""
+    if slot < 0:
+        scatter_noisy(cells, addr, sign, delta, cell_noise_std)
+        return
+    row = fvectors[slot]
+    for l in range(delta.shape[0]):
+        noise = slot_noise_std * np.random.standard_normal() if slot_noise_std > 0.0 else 0.0
+        row[offset + l] += delta[l] + noise
 
 
 @njit(inline="always", cache=True)
@@ -158,15 +187,36 @@ def read_bias(bias_cells, salts, key, addr, sign, scratch):
     return scratch[0]
 
 
+@njit(inline="always", cache=True)
+def read_bias_of(bias_cells, salts, fvectors, slot, key, addr, sign, scratch):
+    """read_bias for an id that may hold a heavy-filter slot (its bias is the slot's last column)."""
+    if slot < 0:
+        return read_bias(bias_cells, salts, key, addr, sign, scratch)
+    return np.float64(fvectors[slot, fvectors.shape[1] - 1])
+
+
+@njit(inline="always", cache=True)
+def locate_in_sketch(cells, bias_cells, salts, bsalts, key, addr, sign, baddr, bsign):
+    """Addresses of an id that has just lost its filter slot; returns -1 (its slot now)."""
+    locate(salts, key, cells.shape[1], addr, sign)
+    locate(bsalts, key, bias_cells.shape[1], baddr, bsign)
+    return -1
+
+
 @njit(nogil=True, cache=True)
 def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
-                 ukeys, ikeys, ratings, hp, stats, counters, out_pred):
-    """Sequential SGD over a batch; out_pred[n] is the prediction made before rating n was learned."""
-    k, d = salts_u.shape
-    au = np.empty((k, d), dtype=np.int64)
-    su = np.empty((k, d), dtype=np.float64)
-    ai = np.empty((k, d), dtype=np.int64)
-    si = np.empty((k, d), dtype=np.float64)
+                 fkeys, ffamilies, fcounts, fvectors, ukeys, ikeys, ratings, hp, stats, counters,
+                 out_pred):
+    """Sequential SGD over a batch; out_pred[n] is the prediction made before rating n was learned.
+
+    Ids holding a heavy-filter slot (fkeys...fvectors, see sketches.heavy_filter) are read and
+    written there; every rating first counts its user and item in the filter."""
+    k, sketched = salts_u.shape
+    d = init_u.shape[0]
+    au = np.empty((k, sketched), dtype=np.int64)
+    su = np.empty((k, sketched), dtype=np.float64)
+    ai = np.empty((k, sketched), dtype=np.int64)
+    si = np.empty((k, sketched), dtype=np.float64)
     abu = np.empty((k, 1), dtype=np.int64)
     sbu = np.empty((k, 1), dtype=np.float64)
     abi = np.empty((k, 1), dtype=np.int64)
@@ -181,57 +231,101 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
     db = np.empty(1)
     tau = hp[SGLD_TAU]
     noise_std = np.sqrt(k * hp[LR] * tau) if tau > 0.0 else 0.0
+    slot_noise_std = np.sqrt(hp[LR] * tau) if tau > 0.0 else 0.0
+    exchange = np.empty(d + 1)
+    clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
     for n in range(ukeys.shape[0]):
-        read_factor(cells, salts_u, init_u, ukeys[n], hp[INIT_STD], au, su, p, p0)
-        read_factor(cells, salts_i, init_i, ikeys[n], hp[INIT_STD], ai, si, q, q0)
-        bu = read_bias(bias_cells, bsalts_u, ukeys[n], abu, sbu, b)
-        bi = read_bias(bias_cells, bsalts_i, ikeys[n], abi, sbi, b)
+        clock += _ONE
+        uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], 0,
+                        hp[INIT_STD], au, su, p, p0)
+        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], 1,
+                        hp[INIT_STD], ai, si, q, q0)
+        bu = read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], abu, sbu, b)
+        bi = read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], abi, sbi, b)
         pred = mean_of(stats) + bu + bi + dot(p, q)
         out_pred[n] = clip_to_range(pred, stats)
+        # count the sightings after the prediction, which is then exactly what predict_many
+        # returns beforehand; an id admitted now takes its step in its new slot
+        uslot = touch(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, salts_u, salts_i,
+                      bsalts_u, bsalts_i, ukeys[n], 0, uslot, clock, au, su, abu, sbu, exchange)
+        if islot >= 0 and islot == uslot:  # the user took the item's slot: the item is in the sketch
+            islot = locate_in_sketch(cells, bias_cells, salts_i, bsalts_i, ikeys[n], ai, si, abi, sbi)
+        islot = touch(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, salts_u, salts_i,
+                      bsalts_u, bsalts_i, ikeys[n], 1, islot, clock, ai, si, abi, sbi, exchange)
+        if uslot >= 0 and uslot == islot:  # and the other way round
+            uslot = locate_in_sketch(cells, bias_cells, salts_u, bsalts_u, ukeys[n], au, su, abu, sbu)
         take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
         if not take:
             continue
-        scatter_noisy(cells, au, su, dp, noise_std)
-        scatter_noisy(cells, ai, si, dq, noise_std)
+        write_slot_or_cells(cells, fvectors, uslot, 0, au, su, dp, noise_std, slot_noise_std)
+        write_slot_or_cells(cells, fvectors, islot, 0, ai, si, dq, noise_std, slot_noise_std)
         db[0] = dbu
-        scatter_noisy(bias_cells, abu, sbu, db, noise_std)
+        write_slot_or_cells(bias_cells, fvectors, uslot, d, abu, sbu, db, noise_std, slot_noise_std)
         db[0] = dbi
-        scatter_noisy(bias_cells, abi, sbi, db, noise_std)
+        write_slot_or_cells(bias_cells, fvectors, islot, d, abi, sbi, db, noise_std, slot_noise_std)
         record_rating(stats, ratings[n])
         counters[LEARNED] += 1
 
 
 @njit(inline="always", cache=True)
-def read_scratch(k, d):
+def read_scratch(k, sketched, d):
     """Buffers for reading one rating's factors: addresses and signs (vectors, biases), p, q,
     a start vector and a bias."""
-    return (np.empty((k, d), dtype=np.int64), np.empty((k, d)), np.empty((k, 1), dtype=np.int64),
+    return (np.empty((k, sketched), dtype=np.int64), np.empty((k, sketched)),
+            np.empty((k, 1), dtype=np.int64),
             np.empty((k, 1)), np.empty(d), np.empty(d), np.empty(d), np.empty(1))
+
+
+@njit(inline="always", cache=True)
+def read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, key, family, init_std,
+            addr, sign, out, start):
+    """An id's full latent vector, from its filter slot if it holds one, else from the sketch;
+    returns the slot (-1: none)."""
+    slot = find(fkeys, ffamilies, fcounts, key, family)
+    read_vector(cells, salts, init_salts, fvectors, slot, key, init_std, addr, sign, out, start)
+    return slot
 
 
 @njit(nogil=True, cache=True)
 def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
-                   ukeys, ikeys, hp, stats, clip, out):
-    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u.shape[0], salts_u.shape[1])
+                   fkeys, ffamilies, fcounts, fvectors, ukeys, ikeys, hp, stats, clip, out):
+    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u.shape[0], salts_u.shape[1], init_u.shape[0])
     mu = mean_of(stats)
     for n in range(ukeys.shape[0]):
-        read_factor(cells, salts_u, init_u, ukeys[n], hp[INIT_STD], addr, sign, p, start)
-        read_factor(cells, salts_i, init_i, ikeys[n], hp[INIT_STD], addr, sign, q, start)
-        pred = (mu + dot(p, q) + read_bias(bias_cells, bsalts_u, ukeys[n], baddr, bsign, b)
-                + read_bias(bias_cells, bsalts_i, ikeys[n], baddr, bsign, b))
+        uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], 0,
+                        hp[INIT_STD], addr, sign, p, start)
+        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], 1,
+                        hp[INIT_STD], addr, sign, q, start)
+        pred = (mu + dot(p, q)
+                + read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], baddr, bsign, b)
+                + read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], baddr, bsign, b))
         out[n] = clip_to_range(pred, stats) if clip else pred
 
 
 @njit(nogil=True, cache=True)
 def sketch_score(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
-                 ukey, ikeys, hp, stats, out):
+                 fkeys, ffamilies, fcounts, fvectors, ukey, ikeys, hp, stats, out):
     """Unclipped scores of many items for ONE user (ranking): the user's vector is read once."""
-    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u.shape[0], salts_u.shape[1])
-    read_factor(cells, salts_u, init_u, ukey, hp[INIT_STD], addr, sign, p, start)
-    base = mean_of(stats) + read_bias(bias_cells, bsalts_u, ukey, baddr, bsign, b)
+    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u.shape[0], salts_u.shape[1], init_u.shape[0])
+    uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukey, 0,
+                    hp[INIT_STD], addr, sign, p, start)
+    base = mean_of(stats) + read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukey, baddr, bsign, b)
     for n in range(ikeys.shape[0]):
-        read_factor(cells, salts_i, init_i, ikeys[n], hp[INIT_STD], addr, sign, q, start)
-        out[n] = base + dot(p, q) + read_bias(bias_cells, bsalts_i, ikeys[n], baddr, bsign, b)
+        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], 1,
+                        hp[INIT_STD], addr, sign, q, start)
+        out[n] = (base + dot(p, q)
+                  + read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], baddr, bsign, b))
+
+
+@njit(nogil=True, cache=True)
+def sketch_factors(cells, bias_cells, salts, bsalts, init_salts, fkeys, ffamilies, fcounts,
+                   fvectors, keys, family, init_std, vectors, biases):
+    """Latent vectors and biases of many ids of one family, as the model sees them."""
+    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts.shape[0], salts.shape[1], init_salts.shape[0])
+    for n in range(keys.shape[0]):
+        slot = read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, keys[n],
+                       family, init_std, addr, sign, vectors[n], start)
+        biases[n] = read_bias_of(bias_cells, bsalts, fvectors, slot, keys[n], baddr, bsign, b)
 
 
 @njit(nogil=True, cache=True)

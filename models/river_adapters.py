@@ -13,7 +13,7 @@ class RiverBiasedMF:
     Predictions are clipped to the rating range seen, as ours are, so errors compare fairly.
     """
 
-    def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.1, init_std: float = 0.05,
+    def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.085, init_std: float = 0.05,
                  lr_schedule_T: float = 20.0, seed: int = 0):
         # river's squared loss has gradient 2 (y^ - y) while ours is (y^ - y): river's step
         # lr_r * (2 e q + l2 w) equals ours, lr * (e q + reg w), at lr_r = lr / 2 and l2 = 2 reg.

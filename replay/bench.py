@@ -34,7 +34,9 @@ def rss():
 if model_name == "sketch":
     from models import SketchMF
     model = SketchMF(capacity=200_000, dim=32, space_gain=4.0)
-    model.vectors.cells.fill(1e-30); model.biases.cells.fill(1e-30)  # make the fixed allocation resident
+    # make the fixed allocation resident (numpy's zeros are mapped lazily, page by page)
+    for fixed in (model.vectors.cells, model.biases.cells, *model.heavy.args()):
+        fixed.fill(0)
 elif model_name == "dense":
     from models import DenseMF
     model = DenseMF(dim=32)

@@ -21,9 +21,11 @@ from stream.service import privacy_figures
 from stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
 
 # Defaults tuned on ../shared/data/ml-100k (see README "Defaults").
-DEFAULTS = {"dim": 64, "depth": 4, "space_gain": 1.0, "lr": 0.03, "reg": 0.1, "bias_reg": 0.05,
-            "init_std": 0.05}
-DP_DEFAULTS = {"lr": 0.01, "dim": 16, "clip": 1.0, "batch": 1000, "delta": 1e-5}
+DEFAULTS = {"dim": 64, "depth": 4, "space_gain": 1.0, "lr": 0.03, "reg": 0.085, "bias_reg": 0.05,
+            "init_std": 0.05, "heavy_fraction": 0.7}
+# DP-SGD was tuned on its own (d, lr, reg); it keeps no heavy-hitter filter (membership in it is
+# decided by the data, which its accountant does not cover)
+DP_DEFAULTS = {"lr": 0.01, "dim": 16, "reg": 0.1, "clip": 1.0, "batch": 1000, "delta": 1e-5}
 SYNTHETIC = {"ratings": 500_000, "users": 10_000, "items": 3_000}
 
 
@@ -68,9 +70,15 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     width.add_argument("--space-gain", type=float, default=DEFAULTS["space_gain"],
                        help="gamma: width = ceil((|U|+|I|) d / (gamma k)) (eq. 4.9)")
     width.add_argument("--width", type=int, help="sketch width w, given directly")
+    ap.add_argument("--heavy-fraction", type=float, help="share of the sketch's memory given to "
+                    f"exact slots of heavy users and items (default {DEFAULTS['heavy_fraction']}; "
+                    "0 = the thesis's pure count sketch, and always 0 with DP-SGD)")
+    ap.add_argument("--light-dim", type=int, help="components the other ids keep in the sketch "
+                    "(default: as many as fill it about once, at most d)")
     ap.add_argument("--lr", type=float, help=f"learning rate eta (default {DEFAULTS['lr']}; "
                     f"{DP_DEFAULTS['lr']} with DP-SGD)")
-    ap.add_argument("--reg", type=float, default=DEFAULTS["reg"], help="L2 regularisation lambda")
+    ap.add_argument("--reg", type=float, help=f"L2 regularisation lambda (default {DEFAULTS['reg']}; "
+                    f"{DP_DEFAULTS['reg']} with DP-SGD)")
     ap.add_argument("--bias-reg", type=float, default=DEFAULTS["bias_reg"], help="L2 weight of the biases")
     ap.add_argument("--init-std", type=float, default=DEFAULTS["init_std"], help="std of start vectors")
     ap.add_argument("--sgld", type=float, metavar="TAU", help="SGLD with temperature TAU")
@@ -138,6 +146,15 @@ def resolve_defaults(args) -> None:
         args.dim = DP_DEFAULTS["dim"] if private else DEFAULTS["dim"]
     if args.lr is None:
         args.lr = DP_DEFAULTS["lr"] if private else DEFAULTS["lr"]
+    if args.reg is None:
+        args.reg = DP_DEFAULTS["reg"] if private else DEFAULTS["reg"]
+    if args.heavy_fraction is None:
+        args.heavy_fraction = 0.0 if private else DEFAULTS["heavy_fraction"]
+    if private and args.heavy_fraction:
+        raise SystemExit("replay: DP-SGD keeps no heavy-hitter filter (which ids hold a slot is "
+                         "decided by the data, outside the accountant); drop --heavy-fraction")
+    if not 0 <= args.heavy_fraction < 1:
+        raise SystemExit("replay: --heavy-fraction must lie in [0, 1)")
 
 
 def dp_config(args, stream: bool):
@@ -182,7 +199,8 @@ def make_model(args, capacity: int, dp=None):
         return DenseMF(**common, **extra)
     from models import SketchMF
     return SketchMF(depth=args.depth, width=args.width, space_gain=args.space_gain,
-                    capacity=capacity, dp=dp, **common, **extra)
+                    capacity=capacity, dp=dp, heavy_fraction=args.heavy_fraction,
+                    light_dim=args.light_dim, **common, **extra)
 
 
 def _rss_mb() -> float:
@@ -320,7 +338,9 @@ def run(args) -> dict:
         "params": {"dim": args.dim, "lr": args.lr, "reg": args.reg, "bias_reg": args.bias_reg,
                    "init_std": args.init_std,
                    "seed": args.seed, "capacity": capacity,
-                   **({"depth": args.depth, "width": model.width, "space_gain": args.space_gain}
+                   **({"depth": args.depth, "width": model.width, "space_gain": args.space_gain,
+                       "heavy_fraction": model.heavy_fraction, "heavy_slots": model.heavy.n_slots,
+                       "heavy_used": model.heavy.n_used, "light_dim": model.light_dim}
                       if args.model == "sketch" else {}),
                    **({"sgld": args.sgld, "clip_loss": args.clip_loss,
                        "skipped_by_clip_loss": model.n_skipped_clip,
@@ -416,6 +436,9 @@ def summary(result: dict) -> str:
         f"  model memory      {result['model_bytes'] / 1e6:.2f} MB  (process RSS {result['rss_mb']:.0f} MB)",
         f"  parameters        d={p['dim']} lr={p['lr']} reg={p['reg']}"
         + (f" k={p['depth']} w={p['width']} gamma={p['space_gain']}" if "depth" in p else ""),
+        *([f"  heavy filter      {p['heavy_used']:,} of {p['heavy_slots']:,} slots "
+           f"({p['heavy_fraction']:g} of the memory); other ids keep {p['light_dim']} of "
+           f"{p['dim']} components in the sketch"] if p.get("heavy_slots") else []),
     ]
     priv = result["privacy"]
     if priv.get("epsilon") is not None:

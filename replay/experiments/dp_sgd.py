@@ -32,7 +32,7 @@ def _private_run(ratings, capacity: int, epsilon: float, epochs: int, unit: str 
                  batch: int = DP_DEFAULTS["batch"], lr: float = DP_DEFAULTS["lr"]) -> dict:
     dp = DPConfig(noise_multiplier=0.0, clip=DP_DEFAULTS["clip"], batch_size=batch, unit=unit,
                   user_cap=USER_CAP if unit == "user" else None, rating_range=(0.5, 5.0))
-    model = SketchMF(dim=DP_DEFAULTS["dim"], lr=lr, reg=DEFAULTS["reg"], bias_reg=DEFAULTS["bias_reg"],
+    model = SketchMF(dim=DP_DEFAULTS["dim"], lr=lr, reg=DP_DEFAULTS["reg"], bias_reg=DEFAULTS["bias_reg"],
                      capacity=capacity, seed=1, dp=dp)
     ledger = PrivacyLedger(unit, DELTA)
     res = holdout(model, ratings, 0.2, epochs, seed=1, ledger=ledger,

@@ -58,7 +58,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
         rows["ALS"][f"gaussian@{eps:g}"] = als(Gaussian(epsilon=eps, delta=1e-5, sensitivity=DELTA_F))
         rows["IRLS"][f"laplace@{eps:g}"] = irls_fit(Laplace(epsilon=eps, sensitivity=DELTA_F))
         rows["IRLS"][f"huber@{eps:g}"] = irls_fit(Huber(epsilon=eps, sensitivity=DELTA_F))
-        model = SketchMF(dim=DP_DEFAULTS["dim"], lr=DP_DEFAULTS["lr"], reg=DEFAULTS["reg"],
+        model = SketchMF(dim=DP_DEFAULTS["dim"], lr=DP_DEFAULTS["lr"], reg=DP_DEFAULTS["reg"],
                          bias_reg=DEFAULTS["bias_reg"], capacity=capacity, seed=1,
                          dp=DPConfig(noise_multiplier=0.0, batch_size=DP_DEFAULTS["batch"], rating_range=(0.5, 5)))
         ledger = PrivacyLedger("rating", 1e-5)
