@@ -15,6 +15,14 @@ DEFAULT_WIDTH = 1 << 16
 DEFAULT_HEAVY_FRACTION = 0.7
 
 
+def privacy_mode(dp, sgld_temperature, clip_loss) -> bool:
+    """Whether a model is trained in one of the privacy modes (DP-SGD, SGLD, thesis loss clipping),
+    which keep the thesis's pure count sketch by default: exact heavy-hitter slots fit the heavy ids'
+    ratings closely, and the canary audit sees it (ML-100k, --clip-loss 1: epsilon lower bound 0.82
+    with the filter, 0.00 without)."""
+    return dp is not None or bool(sgld_temperature) or clip_loss is not None
+
+
 class SketchMF(FactorizationModel):
     """Biased MF whose user and item vectors live in ONE count sketch (two hash families).
 
@@ -54,7 +62,7 @@ class SketchMF(FactorizationModel):
         self.width = int(width)
         bias_width = max(1, -(-self.width * self.depth // self.dim))
         if heavy_fraction is None:
-            heavy_fraction = 0.0 if dp is not None else DEFAULT_HEAVY_FRACTION
+            heavy_fraction = 0.0 if privacy_mode(dp, sgld_temperature, clip_loss) else DEFAULT_HEAVY_FRACTION
         if not 0.0 <= heavy_fraction < 1.0:
             raise ValueError("heavy_fraction must lie in [0, 1)")
         if dp is not None and (heavy_fraction > 0 or heavy_slots):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models.sketch_mf import privacy_mode
 from privacy.audit import Canaries
 from privacy.monitor import PrivacyMonitor
 from replay.protocols import holdout, prequential
@@ -149,7 +150,8 @@ def resolve_defaults(args) -> None:
     if args.reg is None:
         args.reg = DP_DEFAULTS["reg"] if private else DEFAULTS["reg"]
     if args.heavy_fraction is None:
-        args.heavy_fraction = 0.0 if private else DEFAULTS["heavy_fraction"]
+        pure = private or privacy_mode(None, args.sgld, args.clip_loss)
+        args.heavy_fraction = 0.0 if pure else DEFAULTS["heavy_fraction"]
     if private and args.heavy_fraction:
         raise SystemExit("replay: DP-SGD keeps no heavy-hitter filter (which ids hold a slot is "
                          "decided by the data, outside the accountant); drop --heavy-fraction")

@@ -126,6 +126,20 @@ def test_light_dim_follows_the_memory_left_for_light_ids():
     assert SketchMF(dim=64, width=4096).light_dim == 64  # no capacity: no estimate
 
 
+def test_privacy_modes_keep_the_pure_sketch_unless_told():
+    assert SketchMF(dim=8, width=256).heavy.n_slots > 0
+    assert SketchMF(dim=8, width=256, clip_loss=1.0).heavy.n_slots == 0
+    assert SketchMF(dim=8, width=256, sgld_temperature=0.1).heavy.n_slots == 0
+    assert SketchMF(dim=8, width=256, clip_loss=1.0, heavy_fraction=0.5).heavy.n_slots > 0
+
+
+def test_replay_refuses_a_filter_with_dp_sgd():
+    from replay.cli import replay_main
+    with pytest.raises(SystemExit) as stop:
+        replay_main(["--synthetic-ratings", "1000", "--dp-noise", "1.0", "--heavy-fraction", "0.5", "--quiet"])
+    assert "heavy-hitter filter" in str(stop.value.code)
+
+
 def test_dp_keeps_no_filter():
     dp = {"noise_multiplier": 1.0, "batch_size": 10, "rating_range": (1.0, 5.0)}
     assert SketchMF(dim=8, width=256, dp=dp).heavy.n_slots == 0
