@@ -37,6 +37,13 @@ class SketchMF(FactorizationModel):
     so they get k times the per-row room the vectors have (measured on ML-100k: holdout RMSE
     0.9325 -> 0.9265 at gamma=1 against the narrower ceil(capacity / (gamma k))).
 
+    ``heavy_fraction`` of the vectors' memory holds exact slots (vector + bias) for the heaviest users
+    and items (``sketches.heavy_filter``; default 0.7, and 0 in the privacy modes); ``heavy_slots``
+    gives their number directly. The sketch gets the rest of the ``depth x width`` cells, and ids
+    outside the filter keep their first ``light_dim`` components in it (default: as many as fill it
+    about once; the others stay at the start vector). ``heavy_fraction=0`` with ``light_dim=dim`` is
+    the thesis's pure count sketch.
+
     ``dp`` (a ``models.dp_sgd.DPConfig`` or its dict) switches learning to DP-SGD: ``learn_many``
     then takes one noisy step per ``batch_size`` consecutive ratings (stream mode) and
     ``noisy_step`` takes one on a given batch (epoch training with Poisson sampling); the global
@@ -61,25 +68,8 @@ class SketchMF(FactorizationModel):
                      else width_for_space_gain(capacity, self.dim, space_gain, self.depth))
         self.width = int(width)
         bias_width = max(1, -(-self.width * self.depth // self.dim))
-        if heavy_fraction is None:
-            heavy_fraction = 0.0 if privacy_mode(dp, sgld_temperature, clip_loss) else DEFAULT_HEAVY_FRACTION
-        if not 0.0 <= heavy_fraction < 1.0:
-            raise ValueError("heavy_fraction must lie in [0, 1)")
-        if dp is not None and (heavy_fraction > 0 or heavy_slots):
-            # which ids hold a slot depends on the data itself; DP-SGD accounts only the gradients
-            raise ValueError("dp needs heavy_fraction=0 (filter membership is not private)")
-        self.heavy_fraction = float(heavy_fraction)
-        vector_bytes = 4 * self.width * self.depth
-        if heavy_slots is None:
-            heavy_slots = int(self.heavy_fraction * vector_bytes) // slot_bytes(self.dim)
-        self.heavy = HeavyFilter(heavy_slots, self.dim)
-        sketch_width = max(1, self.width - -(-self.heavy.nbytes // (4 * self.depth)))
-        self.vectors = CountSketch(sketch_width, self.depth, self.dim, seed=self.seed or 0)
-        if light_dim is None:
-            light_dim = self._fitting_light_dim()
-        if not 1 <= light_dim <= self.dim:
-            raise ValueError("light_dim must lie in [1, dim]")
-        self.light_dim = int(light_dim)
+        self._split_memory(heavy_fraction, heavy_slots, light_dim,
+                           privacy_mode(dp, sgld_temperature, clip_loss), dp is not None)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
         self.dp = DPConfig.of(dp)
         self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (seeds their noise)
@@ -91,6 +81,32 @@ class SketchMF(FactorizationModel):
             lo, hi = self.dp.rating_range
             # public statistics only: the offset mu (stats[TOTAL] with count 1) is learned privately
             self.stats[:] = (1.0, (lo + hi) / 2.0, lo, hi)
+
+    def _split_memory(self, heavy_fraction: float | None, heavy_slots: int | None,
+                      light_dim: int | None, privacy: bool, dp: bool) -> None:
+        """Share the vectors' k x w cells between the heavy-hitter filter and the count sketch,
+        and choose how many components light ids keep in the sketch."""
+        if heavy_fraction is None:
+            heavy_fraction = 0.0 if privacy else DEFAULT_HEAVY_FRACTION
+        if not 0.0 <= heavy_fraction < 1.0:
+            raise ValueError("heavy_fraction must lie in [0, 1)")
+        if dp and (heavy_fraction > 0 or heavy_slots):
+            # which ids hold a slot depends on the data itself; DP-SGD accounts only the gradients
+            raise ValueError("dp needs heavy_fraction=0 (filter membership is not private)")
+        self.heavy_fraction = float(heavy_fraction)
+        if heavy_slots is None:
+            heavy_slots = int(self.heavy_fraction * 4 * self.width * self.depth) // slot_bytes(self.dim)
+        self.heavy = HeavyFilter(heavy_slots, self.dim)
+        sketch_width = max(1, self.width - -(-self.heavy.nbytes // (4 * self.depth)))
+        self.vectors = CountSketch(sketch_width, self.depth, self.dim, seed=self.seed or 0)
+        if light_dim is None:
+            light_dim = self._fitting_light_dim()
+        if not 1 <= light_dim <= self.dim:
+            raise ValueError("light_dim must lie in [1, dim]")
+        if dp and light_dim != self.dim:
+            raise ValueError("dp sketches every component (its clipping bound covers them all): "
+                             "light_dim must equal dim")
+        self.light_dim = int(light_dim)
 
     def _fitting_light_dim(self) -> int:
         """Components an id outside the filter keeps in the sketch: as many as let the expected

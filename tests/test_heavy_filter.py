@@ -145,6 +145,8 @@ def test_dp_keeps_no_filter():
     assert SketchMF(dim=8, width=256, dp=dp).heavy.n_slots == 0
     with pytest.raises(ValueError, match="heavy_fraction"):
         SketchMF(dim=8, width=256, dp=dp, heavy_fraction=0.5)
+    with pytest.raises(ValueError, match="light_dim"):
+        SketchMF(dim=8, width=256, dp=dp, light_dim=4)
     with pytest.raises(ValueError):
         SketchMF(dim=8, width=256, heavy_fraction=1.0)
     with pytest.raises(ValueError):
