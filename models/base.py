@@ -107,10 +107,15 @@ class FactorizationModel(Ranker):
     @classmethod
     def from_bytes(cls, blob: bytes):
         params, arrays = serial.unpack(blob, cls.__name__)
-        model = cls(**params)
+        model = cls(**cls._upgrade_params(params))
         model.stats, model.counters = arrays.pop("stats"), arrays.pop("counters")
         model._load_state_arrays(arrays)
         return model
+
+    @classmethod
+    def _upgrade_params(cls, params: dict) -> dict:
+        """Constructor arguments of a blob written by an older version, in today's terms."""
+        return params
 
     def _common_params(self) -> dict:
         return {"dim": self.dim, "lr": self.lr, "reg": self.reg, "bias_reg": self.bias_reg,

@@ -108,6 +108,13 @@ class SketchMF(FactorizationModel):
                              "light_dim must equal dim")
         self.light_dim = int(light_dim)
 
+    @classmethod
+    def _upgrade_params(cls, params: dict) -> dict:
+        # checkpoints from before the heavy-hitter filter hold a pure count sketch of every component
+        if "heavy_fraction" not in params:
+            params = {**params, "heavy_fraction": 0.0, "light_dim": params["dim"]}
+        return params
+
     def _fitting_light_dim(self) -> int:
         """Components an id outside the filter keeps in the sketch: as many as let the expected
         light ids (capacity - slots) fill the sketch's k x w cells about once, at most d. At

@@ -81,6 +81,21 @@ def test_filter_state_survives_a_checkpoint_bit_exactly():
                                   straight.predict_many(data.users[:50], data.items[:50]))
 
 
+def test_a_checkpoint_from_before_the_filter_still_loads_as_a_pure_sketch():
+    from sketches import serial
+    data = stream(seed=5)
+    old = SketchMF(dim=8, width=512, heavy_fraction=0.0, seed=1)
+    old.learn_many(data.users, data.items, data.ratings)
+    params = {k: v for k, v in old.params().items()
+              if k not in ("heavy_fraction", "heavy_slots", "light_dim")}
+    arrays = {k: v for k, v in old._state_arrays().items() if not k.startswith("filter_")}
+    blob = serial.pack("SketchMF", params, {"stats": old.stats, "counters": old.counters, **arrays})
+    loaded = SketchMF.from_bytes(blob)
+    assert loaded.heavy.n_slots == 0 and loaded.light_dim == 8
+    np.testing.assert_array_equal(loaded.predict_many(data.users[:50], data.items[:50]),
+                                  old.predict_many(data.users[:50], data.items[:50]))
+
+
 def test_predictions_read_through_the_filter_like_the_factors():
     data = stream(seed=3)
     model = SketchMF(dim=8, width=256, heavy_fraction=0.3, seed=2)
