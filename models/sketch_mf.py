@@ -15,14 +15,6 @@ DEFAULT_WIDTH = 1 << 16
 DEFAULT_HEAVY_FRACTION = 0.7
 
 
-def privacy_mode(dp, sgld_temperature, clip_loss) -> bool:
-    """Whether a model is trained in one of the privacy modes (DP-SGD, SGLD, thesis loss clipping),
-    which keep the thesis's pure count sketch by default: exact heavy-hitter slots fit the heavy ids'
-    ratings closely, and the canary audit sees it (ML-100k, --clip-loss 1: epsilon lower bound 0.82
-    with the filter, 0.00 without)."""
-    return dp is not None or bool(sgld_temperature) or clip_loss is not None
-
-
 class SketchMF(FactorizationModel):
     """Biased MF whose user and item vectors live in ONE count sketch (two hash families).
 
@@ -68,8 +60,7 @@ class SketchMF(FactorizationModel):
                      else width_for_space_gain(capacity, self.dim, space_gain, self.depth))
         self.width = int(width)
         bias_width = max(1, -(-self.width * self.depth // self.dim))
-        self._split_memory(heavy_fraction, heavy_slots, light_dim,
-                           privacy_mode(dp, sgld_temperature, clip_loss), dp is not None)
+        self._split_memory(heavy_fraction, heavy_slots, light_dim, dp is not None)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
         self.dp = DPConfig.of(dp)
         self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (seeds their noise)
@@ -83,16 +74,21 @@ class SketchMF(FactorizationModel):
             self.stats[:] = (1.0, (lo + hi) / 2.0, lo, hi)
 
     def _split_memory(self, heavy_fraction: float | None, heavy_slots: int | None,
-                      light_dim: int | None, privacy: bool, dp: bool) -> None:
+                      light_dim: int | None, dp: bool) -> None:
         """Share the vectors' k x w cells between the heavy-hitter filter and the count sketch,
         and choose how many components light ids keep in the sketch."""
         if heavy_fraction is None:
+            # the privacy modes (DP-SGD, SGLD, thesis loss clipping) keep the thesis's pure count
+            # sketch: exact slots fit the heavy ids' ratings closely, and the canary audit sees it
+            # (ML-100k, --clip-loss 1: epsilon lower bound 0.82 with the filter, 0.00 without)
+            privacy = dp or bool(self.sgld_temperature) or self.clip_loss is not None
             heavy_fraction = 0.0 if privacy else DEFAULT_HEAVY_FRACTION
         if not 0.0 <= heavy_fraction < 1.0:
             raise ValueError("heavy_fraction must lie in [0, 1)")
         if dp and (heavy_fraction > 0 or heavy_slots):
             # which ids hold a slot depends on the data itself; DP-SGD accounts only the gradients
-            raise ValueError("dp needs heavy_fraction=0 (filter membership is not private)")
+            raise ValueError("DP-SGD keeps no heavy-hitter filter: heavy_fraction must be 0 (which "
+                             "ids hold a slot is decided by the data, outside the accountant)")
         self.heavy_fraction = float(heavy_fraction)
         if heavy_slots is None:
             heavy_slots = int(self.heavy_fraction * 4 * self.width * self.depth) // slot_bytes(self.dim)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.sketch_mf import privacy_mode
+from models.sketch_mf import DEFAULT_HEAVY_FRACTION
 from privacy.audit import Canaries
 from privacy.monitor import PrivacyMonitor
 from replay.protocols import holdout, prequential
@@ -23,7 +23,7 @@ from stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings,
 
 # Defaults tuned on ../shared/data/ml-100k (see README "Defaults").
 DEFAULTS = {"dim": 64, "depth": 4, "space_gain": 1.0, "lr": 0.03, "reg": 0.085, "bias_reg": 0.05,
-            "init_std": 0.05, "heavy_fraction": 0.7}
+            "init_std": 0.05}
 # DP-SGD was tuned on its own (d, lr, reg); it keeps no heavy-hitter filter (membership in it is
 # decided by the data, which its accountant does not cover)
 DP_DEFAULTS = {"lr": 0.01, "dim": 16, "reg": 0.1, "clip": 1.0, "batch": 1000, "delta": 1e-5}
@@ -72,7 +72,7 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                        help="gamma: width = ceil((|U|+|I|) d / (gamma k)) (eq. 4.9)")
     width.add_argument("--width", type=int, help="sketch width w, given directly")
     ap.add_argument("--heavy-fraction", type=float, help="share of the sketch's memory given to "
-                    f"exact slots of heavy users and items (default {DEFAULTS['heavy_fraction']}; "
+                    f"exact slots of heavy users and items (default {DEFAULT_HEAVY_FRACTION}; "
                     "0 = the thesis's pure count sketch, and always 0 with DP-SGD)")
     ap.add_argument("--light-dim", type=int, help="components the other ids keep in the sketch "
                     "(default: as many as fill it about once, at most d)")
@@ -149,14 +149,6 @@ def resolve_defaults(args) -> None:
         args.lr = DP_DEFAULTS["lr"] if private else DEFAULTS["lr"]
     if args.reg is None:
         args.reg = DP_DEFAULTS["reg"] if private else DEFAULTS["reg"]
-    if args.heavy_fraction is None:
-        pure = private or privacy_mode(None, args.sgld, args.clip_loss)
-        args.heavy_fraction = 0.0 if pure else DEFAULTS["heavy_fraction"]
-    if private and args.heavy_fraction:
-        raise SystemExit("replay: DP-SGD keeps no heavy-hitter filter (which ids hold a slot is "
-                         "decided by the data, outside the accountant); drop --heavy-fraction")
-    if not 0 <= args.heavy_fraction < 1:
-        raise SystemExit("replay: --heavy-fraction must lie in [0, 1)")
 
 
 def dp_config(args, stream: bool):
@@ -200,9 +192,12 @@ def make_model(args, capacity: int, dp=None):
         from models import DenseMF
         return DenseMF(**common, **extra)
     from models import SketchMF
-    return SketchMF(depth=args.depth, width=args.width, space_gain=args.space_gain,
-                    capacity=capacity, dp=dp, heavy_fraction=args.heavy_fraction,
-                    light_dim=args.light_dim, **common, **extra)
+    try:  # the model checks its own options (heavy_fraction, light_dim, dp): say why, no traceback
+        return SketchMF(depth=args.depth, width=args.width, space_gain=args.space_gain,
+                        capacity=capacity, dp=dp, heavy_fraction=args.heavy_fraction,
+                        light_dim=args.light_dim, **common, **extra)
+    except ValueError as exc:
+        raise SystemExit(f"replay: {exc}") from exc
 
 
 def _rss_mb() -> float:
