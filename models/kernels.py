@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from sketches.count_sketch import gather_mean, locate, scatter_add
-from sketches.hashing import mix64
+from sketches.hashing import mix64, unit_interval
 from sketches.heavy_filter import find, touch
 
 # positions in the hyper-parameter vector handed to the kernels
@@ -33,9 +33,7 @@ COUNT, TOTAL, RMIN, RMAX = range(4)
 LEARNED, SKIPPED_CLIP, SKIPPED_DIVERGED = range(3)
 DIVERGED = 1e6  # error or update norm beyond which a step counts as divergence (float32 cells)
 
-_S11 = np.uint64(11)
 _ONE = np.uint64(1)
-_INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
 
 @njit(inline="always", cache=True)
@@ -48,8 +46,7 @@ def init_vector(key, init_salts, init_std, out):
     half_range = init_std * 1.7320508075688772  # sqrt(3): uniform std -> half range
     mixed = mix64(key ^ init_salts[0])
     for l in range(init_salts.shape[0]):
-        u = np.float64((mixed * (init_salts[l] | _ONE)) >> _S11) * _INV53
-        out[l] = (2.0 * u - 1.0) * half_range
+        out[l] = (2.0 * unit_interval(mixed * (init_salts[l] | _ONE)) - 1.0) * half_range
 
 
 @njit(cache=True)
@@ -149,6 +146,12 @@ def read_factor(cells, salts, init_salts, key, init_std, addr, sign, out, start)
     gather_mean(cells, addr, sign, out)  # the first salts.shape[1] components (the sketched ones)
     for l in range(salts.shape[1], out.shape[0]):
         out[l] = 0.0
+    add_start(key, init_salts, init_std, out, start)
+
+
+@njit(inline="always", cache=True)
+def add_start(key, init_salts, init_std, out, start):
+    """out += the key's start vector (both learners store only what was learned on top of it)."""
     init_vector(key, init_salts, init_std, start)
     for l in range(out.shape[0]):
         out[l] += start[l]
@@ -161,9 +164,19 @@ def read_vector(cells, salts, init_salts, fvectors, slot, key, init_std, addr, s
         read_factor(cells, salts, init_salts, key, init_std, addr, sign, out, start)
         return
     row = fvectors[slot]
-    init_vector(key, init_salts, init_std, start)
     for l in range(out.shape[0]):
-        out[l] = row[l] + start[l]
+        out[l] = row[l]
+    add_start(key, init_salts, init_std, out, start)
+
+
+@njit(inline="always", cache=True)
+def read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, key, family, init_std,
+            addr, sign, out, start):
+    """An id's full latent vector, from its filter slot if it holds one, else from the sketch;
+    returns the slot (-1: none)."""
+    slot = find(fkeys, ffamilies, fcounts, key, family)
+    read_vector(cells, salts, init_salts, fvectors, slot, key, init_std, addr, sign, out, start)
+    return slot
 
 
 @njit(inline="always", cache=True)
@@ -268,28 +281,19 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
 
 
 @njit(inline="always", cache=True)
-def read_scratch(k, sketched, d):
+def read_scratch(salts, init_salts):
     """Buffers for reading one rating's factors: addresses and signs (vectors, biases), p, q,
-    a start vector and a bias."""
+    a start vector and a bias. salts (k x sketched components) and init_salts (d) size them."""
+    k, sketched, d = salts.shape[0], salts.shape[1], init_salts.shape[0]
     return (np.empty((k, sketched), dtype=np.int64), np.empty((k, sketched)),
             np.empty((k, 1), dtype=np.int64),
             np.empty((k, 1)), np.empty(d), np.empty(d), np.empty(d), np.empty(1))
 
 
-@njit(inline="always", cache=True)
-def read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, key, family, init_std,
-            addr, sign, out, start):
-    """An id's full latent vector, from its filter slot if it holds one, else from the sketch;
-    returns the slot (-1: none)."""
-    slot = find(fkeys, ffamilies, fcounts, key, family)
-    read_vector(cells, salts, init_salts, fvectors, slot, key, init_std, addr, sign, out, start)
-    return slot
-
-
 @njit(nogil=True, cache=True)
 def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
                    fkeys, ffamilies, fcounts, fvectors, ukeys, ikeys, hp, stats, clip, out):
-    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u.shape[0], salts_u.shape[1], init_u.shape[0])
+    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u, init_u)
     mu = mean_of(stats)
     for n in range(ukeys.shape[0]):
         uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], 0,
@@ -306,7 +310,7 @@ def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init
 def sketch_score(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
                  fkeys, ffamilies, fcounts, fvectors, ukey, ikeys, hp, stats, out):
     """Unclipped scores of many items for ONE user (ranking): the user's vector is read once."""
-    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u.shape[0], salts_u.shape[1], init_u.shape[0])
+    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u, init_u)
     uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukey, 0,
                     hp[INIT_STD], addr, sign, p, start)
     base = mean_of(stats) + read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukey, baddr, bsign, b)
@@ -321,7 +325,7 @@ def sketch_score(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
 def sketch_factors(cells, bias_cells, salts, bsalts, init_salts, fkeys, ffamilies, fcounts,
                    fvectors, keys, family, init_std, vectors, biases):
     """Latent vectors and biases of many ids of one family, as the model sees them."""
-    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts.shape[0], salts.shape[1], init_salts.shape[0])
+    addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts, init_salts)
     for n in range(keys.shape[0]):
         slot = read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, keys[n],
                        family, init_std, addr, sign, vectors[n], start)

@@ -184,6 +184,16 @@ def reduce32(h, width):
     return np.int64(((h >> _S32) * np.uint64(width)) >> _S32)
 
 
+_S11 = np.uint64(11)
+_INV53 = 1.0 / 9007199254740992.0  # 2**-53
+
+
+@njit(inline="always", cache=True)
+def unit_interval(h):
+    """A uniform draw in [0, 1) from the top 53 bits of a 64-bit hash."""
+    return np.float64(h >> _S11) * _INV53
+
+
 @njit(inline="always", cache=True)
 def address_sign(key, salt, width):
     """Cell address in [0, width) and sign (+1.0 / -1.0) of a key under one salt (width < 2**32)."""

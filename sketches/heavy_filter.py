@@ -25,14 +25,12 @@ import numpy as np
 from numba import njit
 
 from sketches.count_sketch import gather_mean, locate, scatter_add
-from sketches.hashing import mix64, reduce32
+from sketches.hashing import mix64, reduce32, unit_interval
 
 WAYS = 8  # slots per bucket: the 8 keys of a bucket are one 64-byte cache line
 # bucket salts of the two hash families (users, items), so that user 5 and item 5 differ
 _FAMILY_SALT = np.array([0x243F6A8885A308D3, 0x13198A2E03707344], dtype=np.uint64)
 _CLOCK_MUL = np.uint64(0x9E3779B97F4A7C15)
-_S11 = np.uint64(11)
-_INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
 
 def slot_bytes(dim: int) -> int:
@@ -152,7 +150,7 @@ def touch(keys, families, counts, vectors, cells, bias_cells, salts_u, salts_i, 
             victim = s
     smallest = counts[victim]
     if smallest > 0:
-        coin = np.float64(mix64(key ^ (clock * _CLOCK_MUL) ^ _FAMILY_SALT[family]) >> _S11) * _INV53
+        coin = unit_interval(mix64(key ^ (clock * _CLOCK_MUL) ^ _FAMILY_SALT[family]))
         if coin * (smallest + 1) >= 1.0:
             return -1
         old = families[victim]
