@@ -148,11 +148,15 @@ def test_privacy_modes_keep_the_pure_sketch_unless_told():
     assert SketchMF(dim=8, width=256, clip_loss=1.0, heavy_fraction=0.5).heavy.n_slots > 0
 
 
-def test_replay_refuses_a_filter_with_dp_sgd():
+def test_replay_refuses_a_filter_with_dp_sgd_and_bad_filter_options():
     from replay.cli import replay_main
     with pytest.raises(SystemExit) as stop:
         replay_main(["--synthetic-ratings", "1000", "--dp-noise", "1.0", "--heavy-fraction", "0.5", "--quiet"])
     assert "heavy-hitter filter" in str(stop.value.code)
+    for option, value, says in (("--light-dim", "65", "light_dim"), ("--heavy-fraction", "1.5", "heavy_fraction")):
+        with pytest.raises(SystemExit) as stop:
+            replay_main(["--synthetic-ratings", "1000", option, value, "--quiet"])
+        assert str(stop.value.code).startswith("replay: ") and says in str(stop.value.code)
 
 
 def test_dp_keeps_no_filter():
