@@ -9,9 +9,9 @@ from typing import Hashable, Iterable
 import numpy as np
 from river.reco.base import Ranker
 
-from models import kernels as K
-from sketches import serial
-from sketches.hashing import as_keys, salt_table
+from sketchrec.models import kernels as K
+from sketchrec.sketches import serial
+from sketchrec.sketches.hashing import as_keys, salt_table
 
 USER, ITEM = 0, 1  # hash families
 _INIT_FAMILY_OFFSET = 100  # salts of the start vectors, apart from the addressing families

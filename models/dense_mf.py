@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import kernels as K
-from models.base import ITEM, USER, FactorizationModel
-from sketches.hashing import as_keys
+from sketchrec.models import kernels as K
+from sketchrec.models.base import ITEM, USER, FactorizationModel
+from sketchrec.sketches.hashing import as_keys
 
 
 class _IdTable:

@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numba import njit
 
-from models import kernels as K
-from sketches.count_sketch import scatter_add
+from sketchrec.models import kernels as K
+from sketchrec.sketches.count_sketch import scatter_add
 
 UNITS = ("rating", "user")
 

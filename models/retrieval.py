@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sketches.cosine import CosineSketch
+from sketchrec.sketches.cosine import CosineSketch
 
 
 @njit(nogil=True, cache=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import kernels as K
-from models.base import ITEM, USER, FactorizationModel
-from models.dp_sgd import DPConfig, NoisyStepper
-from sketches.count_sketch import CountSketch, width_for_space_gain
-from sketches.heavy_filter import WAYS, HeavyFilter, slot_bytes
-from sketches.hashing import as_keys
+from sketchrec.models import kernels as K
+from sketchrec.models.base import ITEM, USER, FactorizationModel
+from sketchrec.models.dp_sgd import DPConfig, NoisyStepper
+from sketchrec.sketches.count_sketch import CountSketch, width_for_space_gain
+from sketchrec.sketches.heavy_filter import WAYS, HeavyFilter, slot_bytes
+from sketchrec.sketches.hashing import as_keys
 
 DEFAULT_WIDTH = 1 << 16
 DEFAULT_HEAVY_FRACTION = 0.7

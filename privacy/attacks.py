@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from sketches.bloom import codewords
+from sketchrec.sketches.bloom import codewords
 
 _P_FLOOR = 1e-12  # eps = infinity flips nothing; keep the log-likelihoods finite
 

@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
-from privacy.leakage import gaussian_kld
+from sketchrec.privacy.leakage import gaussian_kld
 
 log = logging.getLogger(__name__)
 

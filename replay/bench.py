@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from replay.bench_learners import DEFAULT_DATA, learner_table, print_table
-from stream.sources import SyntheticStream, order_ratings, read_ratings
+from sketchrec.replay.bench_learners import DEFAULT_DATA, learner_table, print_table
+from sketchrec.stream.sources import SyntheticStream, order_ratings, read_ratings
 
 DIM = 32
 
@@ -32,16 +32,16 @@ def rss():
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 if model_name == "sketch":
-    from models import SketchMF
+    from sketchrec.models import SketchMF
     model = SketchMF(capacity=200_000, dim=32, space_gain=4.0)
     # make the fixed allocation resident (numpy's zeros are mapped lazily, page by page)
     for fixed in (model.vectors.cells, model.biases.cells, *model.heavy.args()):
         fixed.fill(0)
 elif model_name == "dense":
-    from models import DenseMF
+    from sketchrec.models import DenseMF
     model = DenseMF(dim=32)
 else:
-    from models.river_adapters import RiverBiasedMF
+    from sketchrec.models.river_adapters import RiverBiasedMF
     model = RiverBiasedMF(dim=32)
 # ids drawn uniformly (no per-user generator state to confuse the measurement); 2 ratings per user
 rng, batch, total = np.random.default_rng(1), 20_000, 2 * n_users
@@ -102,12 +102,12 @@ def _timed(fn) -> float:
 
 
 def serving(seconds: float, client: str) -> dict:
-    from replay.loadtest import run_load_test
+    from sketchrec.replay.loadtest import run_load_test
     return run_load_test(DEFAULT_DATA, seconds=seconds, concurrency=16, port=_free_port(), client=client)
 
 
 def kafka(copies: int, limit: int | None) -> dict:
-    from replay.bench_kafka import main as kafka_main
+    from sketchrec.replay.bench_kafka import main as kafka_main
     argv = ["--copies", str(copies)] + (["--limit", str(limit)] if limit else [])
     return kafka_main(argv)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from models import SketchMF
-from stream.kafka_produce import order_for_topic, produce
-from stream.kafka_runtime import KafkaLearner, kafka_config, resume_or_create
-from stream.sources import Ratings, read_ratings
+from sketchrec.models import SketchMF
+from sketchrec.stream.kafka_produce import order_for_topic, produce
+from sketchrec.stream.kafka_runtime import KafkaLearner, kafka_config, resume_or_create
+from sketchrec.stream.sources import Ratings, read_ratings
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 

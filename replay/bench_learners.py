@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from models import DenseMF, SketchMF
-from models.metrics import ErrorStats
-from models.river_adapters import RiverBiasedMF
-from privacy.monitor import PrivacyMonitor
-from replay.protocols import prequential
-from stream.recommender import Monitored
-from stream.sources import Ratings, order_ratings, read_ratings
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.models.river_adapters import RiverBiasedMF
+from sketchrec.privacy.monitor import PrivacyMonitor
+from sketchrec.replay.protocols import prequential
+from sketchrec.stream.recommender import Monitored
+from sketchrec.stream.sources import Ratings, order_ratings, read_ratings
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from sketches import CountSketch, keys_of
+from sketchrec.sketches import CountSketch, keys_of
 
 
 def _best_of(runs: int, fn) -> float:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from models.sketch_mf import DEFAULT_HEAVY_FRACTION
-from privacy.audit import Canaries
-from privacy.monitor import PrivacyMonitor
-from replay.protocols import holdout, prequential
-from stream.recommender import Monitored
-from stream.service import privacy_figures
-from stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
+from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
+from sketchrec.privacy.audit import Canaries
+from sketchrec.privacy.monitor import PrivacyMonitor
+from sketchrec.replay.protocols import holdout, prequential
+from sketchrec.stream.recommender import Monitored
+from sketchrec.stream.service import privacy_figures
+from sketchrec.stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
 
 # Defaults tuned on ../shared/data/ml-100k (see README "Defaults").
 DEFAULTS = {"dim": 64, "depth": 4, "space_gain": 1.0, "lr": 0.03, "reg": 0.085, "bias_reg": 0.05,
@@ -157,8 +157,8 @@ def dp_config(args, stream: bool):
     ``train_private_epochs`` once the (capped) training set, hence q and the steps, are known."""
     if not uses_dp(args):
         return None
-    from models.dp_sgd import DPConfig
-    from privacy.accounting import calibrate_noise
+    from sketchrec.models.dp_sgd import DPConfig
+    from sketchrec.privacy.accounting import calibrate_noise
     lo, hi = _pair(args.dp_range)
     if args.dp_unit == "user" and not args.dp_user_cap:
         raise SystemExit("--dp-unit user needs --dp-user-cap M")
@@ -185,13 +185,13 @@ def dp_target(args) -> float | None:
 def make_model(args, capacity: int, dp=None):
     common = dict(dim=args.dim, lr=args.lr, reg=args.reg, init_std=args.init_std, seed=args.seed)
     if args.model == "river":
-        from models.river_adapters import RiverBiasedMF
+        from sketchrec.models.river_adapters import RiverBiasedMF
         return RiverBiasedMF(**common)
     extra = dict(bias_reg=args.bias_reg, sgld_temperature=args.sgld, clip_loss=args.clip_loss)
     if args.model == "dense":
-        from models import DenseMF
+        from sketchrec.models import DenseMF
         return DenseMF(**common, **extra)
-    from models import SketchMF
+    from sketchrec.models import SketchMF
     try:  # the model checks its own options (heavy_fraction, light_dim, dp): say why, no traceback
         return SketchMF(depth=args.depth, width=args.width, space_gain=args.space_gain,
                         capacity=capacity, dp=dp, heavy_fraction=args.heavy_fraction,
@@ -271,7 +271,7 @@ def run(args) -> dict:
             raise SystemExit("replay: DP-SGD is implemented for the sketch model (--model sketch)")
         dp = dp_config(args, stream=args.holdout is None)
         if dp.noise_multiplier > 0 or dp_target(args):
-            from privacy.accounting import PrivacyLedger
+            from sketchrec.privacy.accounting import PrivacyLedger
             ledger = PrivacyLedger(args.dp_unit, args.dp_delta)
     model = make_model(args, capacity, dp)
     # the streaming monitor reads prequential errors: meaningful in one pass only (holdout
@@ -311,7 +311,7 @@ def run(args) -> dict:
                 extra = Ratings(users, items, ratings, np.zeros(len(ratings), dtype=np.int64))
             perturb, debias = None, None
             if args.ldp_epsilon is not None:
-                from privacy.ldp import Debias, DeviceRandomiser
+                from sketchrec.privacy.ldp import Debias, DeviceRandomiser
                 lo, hi = _pair(args.ldp_range)
                 perturb = DeviceRandomiser(args.ldp_epsilon, lo, hi, seed=args.seed + 3).perturb
                 debias = Debias(args.ldp_epsilon, lo, hi) if args.ldp_debias else None
@@ -382,9 +382,9 @@ def with_canaries(batches, canaries, total: int, seed: int):
 
 def make_service(model, expected_ratings: int, checkpoint_dir: Path | None, seed: int, monitor=None):
     """The model wrapped for serving, sized for the stream, and its service."""
-    from stream.checkpoint import CheckpointStore
-    from stream.recommender import Recommender
-    from stream.service import LearningService
+    from sketchrec.stream.checkpoint import CheckpointStore
+    from sketchrec.stream.recommender import Recommender
+    from sketchrec.stream.service import LearningService
     recommender = Recommender(model, pair_capacity=max(expected_ratings, 1000), seed=seed, monitor=monitor)
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     return recommender, LearningService(recommender, store)
@@ -398,8 +398,8 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 
 def start_server(service, where: str, admin_token: str | None, privacy=None):
-    from stream.http import create_app
-    from stream.service import ServerThread
+    from sketchrec.stream.http import create_app
+    from sketchrec.stream.service import ServerThread
     host, port = parse_host_port(where)
     server = ServerThread(create_app(service, admin_token, privacy), host, port).start()
     print(f"serving http://{host}:{server.port} (admin endpoints "
@@ -473,8 +473,8 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
 
 
 def serve_main(argv: list[str] | None = None) -> int:
-    from models import DenseMF, SketchMF
-    from stream.service import LearningService
+    from sketchrec.models import DenseMF, SketchMF
+    from sketchrec.stream.service import LearningService
     ap = argparse.ArgumentParser(prog="sketchrec serve", description="Serve the newest checkpoint "
                                  "read-only, reloading when a newer one is written.")
     ap.add_argument("--checkpoint", metavar="DIR", type=Path, required=True)
@@ -500,7 +500,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 
 
 def experiment_main(argv: list[str] | None = None) -> int:
-    from replay.experiments import registry
+    from sketchrec.replay.experiments import registry
     ap = argparse.ArgumentParser(prog="sketchrec experiment", description="Run a reproducible experiment.")
     ap.add_argument("name", nargs="?", help="experiment name (see --list)")
     ap.add_argument("--list", action="store_true", help="list the experiments")
@@ -525,8 +525,8 @@ def experiment_main(argv: list[str] | None = None) -> int:
 def consume_main(argv: list[str] | None = None) -> int:
     from kafka.errors import KafkaError
 
-    from models import DenseMF, SketchMF
-    from stream.kafka_runtime import KafkaLearner, resume_or_create
+    from sketchrec.models import DenseMF, SketchMF
+    from sketchrec.stream.kafka_runtime import KafkaLearner, resume_or_create
     ap = argparse.ArgumentParser(prog="sketchrec consume", description="Learn from a Kafka topic of "
                                  "ratings, with exactly-once-in-state checkpoints (see README).")
     ap.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
@@ -608,7 +608,7 @@ def consume_main(argv: list[str] | None = None) -> int:
 def produce_main(argv: list[str] | None = None) -> int:
     from kafka.errors import KafkaError
 
-    from stream.kafka_produce import order_for_topic, produce
+    from sketchrec.stream.kafka_produce import order_for_topic, produce
     ap = argparse.ArgumentParser(prog="sketchrec produce", description="Publish a ratings file to a "
                                  "Kafka topic (keyed by user; the topic is created if needed).")
     ap.add_argument("path", type=Path, help="any ratings file replay reads")
@@ -627,7 +627,7 @@ def produce_main(argv: list[str] | None = None) -> int:
         return 2
     randomiser = None
     if args.ldp_epsilon is not None:
-        from privacy.ldp import DeviceRandomiser
+        from sketchrec.privacy.ldp import DeviceRandomiser
         if not args.rating_range:
             ap.error("--ldp-epsilon needs --rating-range L,U")
         randomiser = DeviceRandomiser(args.ldp_epsilon, *_pair(args.rating_range, ap), seed=args.seed)
@@ -653,7 +653,7 @@ COMMANDS = {
     "consume": ("learn from a Kafka topic with checkpoints and dead letters", consume_main),
     "produce": ("publish a ratings file to a Kafka topic", produce_main),
     "bench": ("throughput, memory, serving and Kafka benchmarks against river and Vowpal Wabbit",
-              lambda argv: __import__("replay.bench", fromlist=["main"]).main(argv)),
+              lambda argv: __import__("sketchrec.replay.bench", fromlist=["main"]).main(argv)),
 }
 
 

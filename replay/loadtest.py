@@ -48,7 +48,7 @@ end
 
 
 def _start(path: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "replay.cli", "replay", str(path), "--holdout", "0.2",
+    return subprocess.Popen([sys.executable, "-m", "sketchrec.replay.cli", "replay", str(path), "--holdout", "0.2",
                              "--epochs", "1000", "--quiet", "--serve", f"127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -129,7 +129,7 @@ def _run(path: Path, port: int, seconds: float, load=None) -> tuple[float, dict 
 def run_load_test(path: Path, seconds: float = 15, concurrency: int = 16, port: int = 8765,
                   client: str = "auto") -> dict:
     """Learning rate alone and under load, and the load's request figures."""
-    from stream.sources import read_ratings
+    from sketchrec.stream.sources import read_ratings
     data, _ = read_ratings(path)
     n_users, n_items = int(data.users.max()), int(data.items.max())  # MovieLens ids are 1..n
     use_wrk = client == "wrk" or (client == "auto" and shutil.which("wrk"))

@@ -14,10 +14,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from models.metrics import ErrorStats
-from privacy.audit import is_canary
-from privacy.leakage import kld_from_errors
-from stream.sources import Ratings
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.privacy.audit import is_canary
+from sketchrec.privacy.leakage import kld_from_errors
+from sketchrec.stream.sources import Ratings
 
 Progress = Callable[[int, float, float], None]  # (ratings so far, running RMSE, ratings/s)
 
@@ -112,7 +112,7 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
     per_epoch = max(1, int(round(1.0 / q)))
     planned = epochs * per_epoch
     if target_epsilon is not None:
-        from privacy.accounting import calibrate_noise
+        from sketchrec.privacy.accounting import calibrate_noise
         z = calibrate_noise(target_epsilon, ledger.delta if ledger else 1e-5, q, planned)
         dp = model.dp = replace(dp, noise_multiplier=z * dp.sensitivity_factor)
         model._stepper = None  # built again with the calibrated noise

@@ -6,7 +6,7 @@ from typing import ClassVar, Self
 
 import numpy as np
 
-from sketches import serial
+from sketchrec.sketches import serial
 
 
 class Sketch:

@@ -13,8 +13,8 @@ import math
 import numpy as np
 from numba import njit
 
-from sketches.base import Sketch
-from sketches.hashing import as_keys, mix64, salt_of
+from sketchrec.sketches.base import Sketch
+from sketchrec.sketches.hashing import as_keys, mix64, salt_of
 
 _ONE = np.uint64(1)
 _SEVEN = np.uint64(7)

@@ -12,8 +12,8 @@ import math
 import numpy as np
 from numba import njit
 
-from sketches.base import Sketch
-from sketches.hashing import address, as_keys, salt_table
+from sketchrec.sketches.base import Sketch
+from sketchrec.sketches.hashing import address, as_keys, salt_table
 
 
 @njit(nogil=True, cache=True)

@@ -17,8 +17,8 @@ import math
 import numpy as np
 from numba import njit
 
-from sketches.base import Sketch
-from sketches.hashing import as_keys, mix64, reduce32, salt_table
+from sketchrec.sketches.base import Sketch
+from sketchrec.sketches.hashing import as_keys, mix64, reduce32, salt_table
 
 ESTIMATORS = ("mean", "median")
 

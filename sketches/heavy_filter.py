@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sketches.count_sketch import gather_mean, locate, scatter_add
-from sketches.hashing import mix64, reduce32, unit_interval
+from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
+from sketchrec.sketches.hashing import mix64, reduce32, unit_interval
 
 WAYS = 8  # slots per bucket: the 8 keys of a bucket are one 64-byte cache line
 # bucket salts of the two hash families (users, items), so that user 5 and item 5 differ

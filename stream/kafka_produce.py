@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 
-from privacy.ldp import HEADER
-from stream.kafka_runtime import kafka_config
-from stream.messages import encode_batch
-from stream.sources import Ratings
+from sketchrec.privacy.ldp import HEADER
+from sketchrec.stream.kafka_runtime import kafka_config
+from sketchrec.stream.messages import encode_batch
+from sketchrec.stream.sources import Ratings
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 2) -> bool:

@@ -25,10 +25,10 @@ from collections import Counter
 
 import numpy as np
 
-from stream.checkpoint import CheckpointStore
-from stream.messages import dead_letter, parse_message
-from stream.recommender import Recommender
-from stream.service import LearningService
+from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.messages import dead_letter, parse_message
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.service import LearningService
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.base import ITEM, USER
-from privacy.audit import is_canary
-from sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
-from sketches.hashing import as_keys, key_of
+from sketchrec.models.base import ITEM, USER
+from sketchrec.privacy.audit import is_canary
+from sketchrec.sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
+from sketchrec.sketches.hashing import as_keys, key_of
 
 
 class Catalogue:
@@ -220,7 +220,7 @@ class Recommender:
                 vectors = vectors.astype(np.float32)
                 if len(ids) >= self.index_threshold:
                     if self.index is None:
-                        from models.retrieval import RetrievalIndex
+                        from sketchrec.models.retrieval import RetrievalIndex
                         self.index = RetrievalIndex(vectors.shape[1], bits=128,
                                                     shortlist=self.index_shortlist)
                     self.index.update(vectors, biases)

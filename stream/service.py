@@ -7,10 +7,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from models.metrics import ErrorStats
-from privacy.accounting import PrivacyLedger, describe
-from stream.checkpoint import CheckpointStore
-from stream.recommender import Recommender
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.privacy.accounting import PrivacyLedger, describe
+from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.recommender import Recommender
 
 
 def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None) -> dict:
@@ -109,7 +109,7 @@ class LearningService:
 
     def record_origin(self, headers, n_ratings: int) -> None:
         """Count ratings that arrived perturbed on the device (an LDP header) or raw."""
-        from privacy.ldp import HEADER, parse_header
+        from sketchrec.privacy.ldp import HEADER, parse_header
         named = dict(headers or []).get(HEADER)
         mechanism = parse_header(named) if named is not None else None
         if mechanism is None:
@@ -123,7 +123,7 @@ class LearningService:
     def apply_ldp_debias(self) -> None:
         mech = self.origin["mechanism"]
         if self.debias_ldp and mech and mech["mechanism"] == "BoundedLaplace":
-            from privacy.ldp import Debias
+            from sketchrec.privacy.ldp import Debias
             self.recommender.debias = Debias(mech["epsilon"], *mech["range"])
 
     def begin_private_pass(self, unit: str, delta: float, budget: float | None) -> bool:

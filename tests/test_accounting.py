@@ -7,7 +7,7 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from privacy.accounting import GaussianSteps, PrivacyLedger, calibrate_noise, epsilon_of
+from sketchrec.privacy.accounting import GaussianSteps, PrivacyLedger, calibrate_noise, epsilon_of
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_mod
 
 

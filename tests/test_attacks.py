@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from privacy.attacks import (BlipRelease, JltRelease, average_precision_at, estimate_profile_size,
+from sketchrec.privacy.attacks import (BlipRelease, JltRelease, average_precision_at, estimate_profile_size,
                              flip_probability, joint_decoder, rank_and_estimate,
                              reconstruction_cosine, single_decoder_scores)
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from models.batch_private import BlpMogMF, HuberIRLS, NoisyALS
-from privacy.ldp import DeviceRandomiser
-from privacy.mechanisms import Gaussian, Huber, Laplace
+from sketchrec.models.batch_private import BlpMogMF, HuberIRLS, NoisyALS
+from sketchrec.privacy.ldp import DeviceRandomiser
+from sketchrec.privacy.mechanisms import Gaussian, Huber, Laplace
 
 
 def _low_rank(m=150, n=120, r=4, obs=0.2, seed=0):
@@ -69,8 +69,8 @@ def test_blp_mog_fits_perturbed_ratings_and_beats_plain_mf_on_them():
 
 
 def test_private_nmf_fits_keeps_the_sensitivity_bounds_and_its_accounting_agrees():
-    from models.batch_private import PrivateNMF
-    from privacy.accounting import GaussianSteps, epsilon_of
+    from sketchrec.models.batch_private import PrivateNMF
+    from sketchrec.privacy.accounting import GaussianSteps, epsilon_of
     rng = np.random.default_rng(8)
     V = rng.uniform(0, 1, (60, 4)) @ rng.uniform(0, 1, (4, 200))  # D x N, non-negative rank 4
     clean = PrivateNMF(rank=4, iters=40, epsilon_t=None, lam=0.01, seed=1).fit(V)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.cli import sketchrec_main
+from sketchrec.replay.cli import sketchrec_main
 
 ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 LEARNERS = {"sketch_batch", "sketch_batch_monitored", "sketch_learn_one", "dense_batch", "river_biasedmf",

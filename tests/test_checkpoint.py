@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from models import DenseMF, SketchMF
-from stream.checkpoint import CheckpointStore
-from stream.recommender import Recommender
-from stream.sources import SyntheticStream
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.sources import SyntheticStream
 
 
 def halves():

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from models.retrieval import RetrievalIndex
-from sketches.cosine import CosineSketch, hamming, hamming_cosine
+from sketchrec.models.retrieval import RetrievalIndex
+from sketchrec.sketches.cosine import CosineSketch, hamming, hamming_cosine
 
 
 def _unit(n, d=8, seed=0):
@@ -38,7 +38,7 @@ def test_mse_ordering_and_qolsh_never_worse_than_its_start():
 
 
 def test_optimal_code_bounds_qolsh():
-    from replay.experiments.qolsh import _all_codes, _optimal_codes
+    from sketchrec.replay.experiments.qolsh import _all_codes, _optimal_codes
     X = _unit(300, seed=5)
     qo = CosineSketch(8, 16, seed=2, method="qolsh")
     best = _all_codes()[_optimal_codes(qo, X)].astype(np.float64)
@@ -115,9 +115,9 @@ def test_index_refresh_is_incremental_and_exclusion_is_honoured():
 
 
 def test_recommender_uses_the_index_on_large_catalogues_and_agrees_with_exact_scoring():
-    from models import SketchMF
-    from stream.recommender import Recommender
-    from stream.sources import SyntheticStream
+    from sketchrec.models import SketchMF
+    from sketchrec.stream.recommender import Recommender
+    from sketchrec.stream.sources import SyntheticStream
     data = SyntheticStream(20_000, 300, 400, seed=14).all()
     recs = {}
     for name, threshold in (("exact", 10**9), ("index", 0)):

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from models import SketchMF
-from models.dp_sgd import DPConfig
-from privacy.accounting import PrivacyLedger
-from replay.cli import replay_main
-from replay.protocols import cap_per_user, train_private_epochs
-from stream.sources import Ratings, SyntheticStream
+from sketchrec.models import SketchMF
+from sketchrec.models.dp_sgd import DPConfig
+from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.replay.cli import replay_main
+from sketchrec.replay.protocols import cap_per_user, train_private_epochs
+from sketchrec.stream.sources import Ratings, SyntheticStream
 
 
 def released(model) -> np.ndarray:
@@ -147,9 +147,9 @@ def test_replay_reports_the_proven_epsilon_of_the_run(capsys):
 
 
 def test_a_restart_never_resets_the_ledger(tmp_path):
-    from stream.checkpoint import CheckpointStore
-    from stream.recommender import Recommender
-    from stream.service import LearningService
+    from sketchrec.stream.checkpoint import CheckpointStore
+    from sketchrec.stream.recommender import Recommender
+    from sketchrec.stream.service import LearningService
     model = SketchMF(dim=4, width=512, seed=10, dp=DPConfig(noise_multiplier=3.0, batch_size=50))
     service = LearningService(Recommender(model, pair_capacity=1000), CheckpointStore(tmp_path))
     assert service.begin_private_pass("rating", 1e-5, budget=None)

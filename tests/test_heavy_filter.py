@@ -4,11 +4,11 @@ admission finds the heavy ids, state survives checkpoints, memory stays fixed, D
 import numpy as np
 import pytest
 
-from models import DenseMF, SketchMF
-from models.base import ITEM, USER
-from sketches import keys_of
-from sketches.heavy_filter import WAYS, slot_bytes
-from stream.sources import SyntheticStream
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.models.base import ITEM, USER
+from sketchrec.sketches import keys_of
+from sketchrec.sketches.heavy_filter import WAYS, slot_bytes
+from sketchrec.stream.sources import SyntheticStream
 
 HUGE_WIDTH = 1 << 24  # no collisions among 100 ids (800 components): p ~ 0.06 for any seed; none here
 
@@ -82,7 +82,7 @@ def test_filter_state_survives_a_checkpoint_bit_exactly():
 
 
 def test_a_checkpoint_from_before_the_filter_still_loads_as_a_pure_sketch():
-    from sketches import serial
+    from sketchrec.sketches import serial
     data = stream(seed=5)
     old = SketchMF(dim=8, width=512, heavy_fraction=0.0, seed=1)
     old.learn_many(data.users, data.items, data.ratings)
@@ -125,7 +125,7 @@ def test_light_ids_keep_only_light_dim_components():
     data = stream(seed=4)
     model = SketchMF(dim=8, width=4096, heavy_fraction=0.0, light_dim=3, seed=1)
     model.learn_many(data.users, data.items, data.ratings)
-    from models import kernels as K
+    from sketchrec.models import kernels as K
     users = np.unique(data.users)
     learned = model.user_vectors(users) - K.init_rows(keys_of(users), model._init_salts[USER],
                                                       model.init_std)
@@ -149,7 +149,7 @@ def test_privacy_modes_keep_the_pure_sketch_unless_told():
 
 
 def test_replay_refuses_a_filter_with_dp_sgd_and_bad_filter_options():
-    from replay.cli import replay_main
+    from sketchrec.replay.cli import replay_main
     with pytest.raises(SystemExit) as stop:
         replay_main(["--synthetic-ratings", "1000", "--dp-noise", "1.0", "--heavy-fraction", "0.5", "--quiet"])
     assert "heavy-hitter filter" in str(stop.value.code)

@@ -13,17 +13,17 @@ import httpx
 import numpy as np
 import pytest
 
-from stream.checkpoint import CheckpointStore
-from stream.kafka_produce import ensure_topic, order_for_topic, produce
-from stream.messages import parse_message
-from stream.sources import SyntheticStream, read_ratings
+from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.kafka_produce import ensure_topic, order_for_topic, produce
+from sketchrec.stream.messages import parse_message
+from sketchrec.stream.sources import SyntheticStream, read_ratings
 from conftest import free_port
 
 ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 
 
 def consume_cmd(bootstrap, topic, ckpt, *extra):
-    return [sys.executable, "-m", "replay.cli", "consume", "--bootstrap", bootstrap, "--topic", topic,
+    return [sys.executable, "-m", "sketchrec.replay.cli", "consume", "--bootstrap", bootstrap, "--topic", topic,
             "--checkpoint", str(ckpt), "--capacity", "3000", "--expected-ratings", "200000",
             "--exit-when-idle", "3", *extra]
 
@@ -172,7 +172,7 @@ def test_malformed_messages_are_counted_dead_lettered_and_the_rest_learned(kafka
 
 def test_dead_broker_is_a_clear_error_and_touches_nothing(tmp_path):
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
-    out = subprocess.run([sys.executable, "-m", "replay.cli", "consume", "--bootstrap", dead, "--topic", "t",
+    out = subprocess.run([sys.executable, "-m", "sketchrec.replay.cli", "consume", "--bootstrap", dead, "--topic", "t",
                           "--checkpoint", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "cannot consume 't'" in out.stderr and "Traceback" not in out.stderr
@@ -214,14 +214,14 @@ def test_ldp_producer_the_server_never_sees_a_raw_rating(kafka_bootstrap, tmp_pa
     path.write_text("userId,movieId,rating,timestamp\n" + "".join(
         f"{u},{i},{min(max(round(r), 1), 5)},{t}\n" for u, i, r, t in
         zip(data.users.tolist(), data.items.tolist(), data.ratings.tolist(), data.timestamps.tolist())))
-    out = subprocess.run([sys.executable, "-m", "replay.cli", "produce", str(path), "--bootstrap",
+    out = subprocess.run([sys.executable, "-m", "sketchrec.replay.cli", "produce", str(path), "--bootstrap",
                           kafka_bootstrap, "--topic", topic, "--batch", "20", "--ldp-epsilon", "2",
                           "--rating-range", "1,5", "--seed", "4"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "BoundedLaplace" in json.loads(out.stdout.strip().splitlines()[-1])["ldp"]
     # what arrived on the topic is not the file: continuous values inside the range
     from kafka import KafkaConsumer
-    from stream.kafka_runtime import kafka_config
+    from sketchrec.stream.kafka_runtime import kafka_config
     consumer = KafkaConsumer(topic, **kafka_config(kafka_bootstrap), auto_offset_reset="earliest",
                              consumer_timeout_ms=3000)
     values = [r for msg in consumer for _, _, r, _ in parse_message(msg.value).ratings]

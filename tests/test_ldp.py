@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from privacy.ldp import HEADER, Debias, DeviceRandomiser, parse_header
-from privacy.mechanisms import BoundedLaplace
-from replay.cli import replay_main
+from sketchrec.privacy.ldp import HEADER, Debias, DeviceRandomiser, parse_header
+from sketchrec.privacy.mechanisms import BoundedLaplace
+from sketchrec.replay.cli import replay_main
 
 
 def test_device_perturbation_stays_in_range_and_has_the_mechanisms_mean():

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from river import evaluate, metrics
 
-from models import DenseMF, SketchMF
-from models.river_adapters import RankerRegressor, RiverBiasedMF
-from replay.protocols import ErrorStats, holdout, prequential
-from sketches import keys_of
-from stream.sources import SyntheticStream
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.models.river_adapters import RankerRegressor, RiverBiasedMF
+from sketchrec.replay.protocols import ErrorStats, holdout, prequential
+from sketchrec.sketches import keys_of
+from sketchrec.stream.sources import SyntheticStream
 
 HUGE_WIDTH = 1 << 26  # no collisions among a few hundred ids (p ~ 1e-4 over the whole test)
 
@@ -47,7 +47,7 @@ def test_learning_reduces_error_on_low_rank_stream():
     data = small_stream(20_000)
     for model in (SketchMF(capacity=300, dim=8, lr=0.02), DenseMF(dim=8, lr=0.02)):
         result = holdout(model, data, 0.2, 10, seed=1)
-        _, test = __import__("replay.protocols", fromlist=["split_holdout"]).split_holdout(data, 0.2, 1)
+        _, test = __import__("sketchrec.replay.protocols", fromlist=["split_holdout"]).split_holdout(data, 0.2, 1)
         baseline = np.sqrt(np.mean((test.ratings - data.ratings.mean()) ** 2))
         assert result["rmse"] < 0.85 * baseline, (type(model).__name__, result["rmse"], baseline)
     # prequentially, the second half of a one-pass stream is predicted better than the first

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from models import DenseMF, SketchMF
-from privacy.audit import Canaries, audit_p_value, epsilon_lower_bound, is_canary
-from privacy.leakage import gaussian_kld, kld_from_errors
-from privacy.monitor import PrivacyMonitor
-from replay.protocols import holdout
-from stream.recommender import Recommender
-from stream.sources import Ratings, SyntheticStream
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.privacy.audit import Canaries, audit_p_value, epsilon_lower_bound, is_canary
+from sketchrec.privacy.leakage import gaussian_kld, kld_from_errors
+from sketchrec.privacy.monitor import PrivacyMonitor
+from sketchrec.replay.protocols import holdout
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.sources import Ratings, SyntheticStream
 
 
 @pytest.mark.parametrize("m1,v1,m2,v2", [(0, 1, 0, 1), (0.3, 0.5, -0.1, 1.2), (1, 2, 0, 0.7)])
@@ -99,7 +99,7 @@ def test_batched_reservoir_equals_algorithm_r_applied_one_rating_at_a_time():
 def test_probe_measures_seen_errors_and_alerts_once(caplog):
     mon = PrivacyMonitor(window=100, reservoir=100, probe_every=200, alert_kld=0.5)
     rng = np.random.default_rng(2)
-    with caplog.at_level(logging.WARNING, logger="privacy.monitor"):
+    with caplog.at_level(logging.WARNING, logger="sketchrec.privacy.monitor"):
         for _ in range(5):
             keys = rng.integers(0, 2**63, 100).astype(np.uint64)
             ratings = rng.normal(3, 1, 100)

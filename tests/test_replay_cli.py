@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.cli import replay_main, sketchrec_main
+from sketchrec.replay.cli import replay_main, sketchrec_main
 
 ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 SMALL_SYNTH = ["--synthetic-ratings", "20000", "--synthetic-users", "500", "--synthetic-items", "200"]

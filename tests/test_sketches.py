@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sketches import BloomFilter, CountMinSketch, CountSketch, HeavyHitters, key_of, keys_of, pair_keys
+from sketchrec.sketches import BloomFilter, CountMinSketch, CountSketch, HeavyHitters, key_of, keys_of, pair_keys
 
 ids = st.one_of(st.integers(min_value=-(2**62), max_value=2**62), st.text(max_size=20))
 
@@ -56,7 +56,7 @@ def test_pair_keys_depend_on_order():
 
 
 def test_keys_and_addresses_identical_across_processes():
-    script = ("from sketches import keys_of, CountSketch, BloomFilter\n"
+    script = ("from sketchrec.sketches import keys_of, CountSketch, BloomFilter\n"
               "cs = CountSketch(97, 3, 2, seed=4); cs.update_many(['x', 7, 'y'], [[1, 2], [3, 4], [5, 6]])\n"
               "b = BloomFilter(100, 0.01, seed=3); b.add_many(['x', 'z'])\n"
               "print(keys_of(['alice', 42, 'héllo']).tolist(), cs.cells.tobytes().hex(), b.cells.tobytes().hex())")

@@ -17,6 +17,6 @@ MODULES: list[str] = ["b1_table", "b1_heatmap", "b1_dynamic", "b1_regularization
 def registry() -> dict[str, ModuleType]:
     mods = {}
     for name in MODULES:
-        mod = importlib.import_module(f"replay.experiments.{name}")
+        mod = importlib.import_module(f"sketchrec.replay.experiments.{name}")
         mods[mod.NAME] = mod
     return mods

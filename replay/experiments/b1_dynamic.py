@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.experiments.common import SUBSTITUTION, Split, load, make, n_ids, split_80_10_10, write
-from replay.protocols import rmse_on, train_epochs
+from sketchrec.replay.experiments.common import SUBSTITUTION, Split, load, make, n_ids, split_80_10_10, write
+from sketchrec.replay.protocols import rmse_on, train_epochs
 
 NAME = "b1-dynamic"
 DESCRIPTION = "Fig. 4.4: one pass at equal memory (regular d_r vs sketch d_s=32); fig. 4.3: RMSE per epoch"

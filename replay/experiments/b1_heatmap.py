@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.experiments.common import SUBSTITUTION, fit, load, make, n_ids, split_80_10_10, write
+from sketchrec.replay.experiments.common import SUBSTITUTION, fit, load, make, n_ids, split_80_10_10, write
 
 NAME = "b1-heatmap"
 DESCRIPTION = "Figs. 4.1/4.2: RMSE over d x gamma for feature hashing (k=1) and the count sketch (k=4)"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.experiments.common import SUBSTITUTION, load, make, n_ids, split_80_10_10, write
-from replay.protocols import rmse_on, train_epochs
+from sketchrec.replay.experiments.common import SUBSTITUTION, load, make, n_ids, split_80_10_10, write
+from sketchrec.replay.protocols import rmse_on, train_epochs
 
 NAME = "b1-regularization"
 DESCRIPTION = "Figs. 4.5/4.6: RMSE against lambda (10 -> 0) and the best lambda over (d, gamma)"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from models import DenseMF, SketchMF
-from replay.protocols import rmse_on, train_epochs
-from replay.experiments.common import mean_correct
-from stream.sources import read_ratings
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.replay.protocols import rmse_on, train_epochs
+from sketchrec.replay.experiments.common import mean_correct
+from sketchrec.stream.sources import read_ratings
 
 NAME = "b1-table"
 DESCRIPTION = "Table 4.2: RMSE of regular MF, count sketch (k=4) and feature hashing (k=1), d=32, γ=1"

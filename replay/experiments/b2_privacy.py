@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from models import DenseMF, SketchMF
-from models.dp_sgd import DPConfig
-from privacy.accounting import PrivacyLedger
-from replay.cli import DEFAULTS, DP_DEFAULTS
-from replay.experiments.common import SUBSTITUTION, load, n_ids, write
-from replay.protocols import holdout
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.models.dp_sgd import DPConfig
+from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.replay.cli import DEFAULTS, DP_DEFAULTS
+from sketchrec.replay.experiments.common import SUBSTITUTION, load, n_ids, write
+from sketchrec.replay.protocols import holdout
 
 NAME = "b2-privacy"
 DESCRIPTION = "Figs. 4.7/4.8: RMSE and KLD against epsilon (clipping) over d x gamma, beside regular MF and DP-SGD"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from privacy.attacks import (BlipRelease, average_precision_at, estimate_profile_size, flip_probability,
+from sketchrec.privacy.attacks import (BlipRelease, average_precision_at, estimate_profile_size, flip_probability,
                              joint_decoder, rank_and_estimate, reconstruction_cosine,
                              single_decoder_scores)
-from replay.experiments.common import load, write
+from sketchrec.replay.experiments.common import load, write
 
 NAME = "blip-attacks"
 DESCRIPTION = "Thesis §3.5: single vs MCMC joint decoder on BLIP releases of ML-100k profiles"

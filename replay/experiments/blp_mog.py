@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from models import SketchMF
-from models.base import ITEM, USER
-from models.batch_private import BlpMogMF, NoisyALS
-from privacy.ldp import DeviceRandomiser
-from privacy.mechanisms import Laplace
-from replay.experiments.common import load, write
-from replay.protocols import split_holdout, train_epochs
-from stream.sources import Ratings
+from sketchrec.models import SketchMF
+from sketchrec.models.base import ITEM, USER
+from sketchrec.models.batch_private import BlpMogMF, NoisyALS
+from sketchrec.privacy.ldp import DeviceRandomiser
+from sketchrec.privacy.mechanisms import Laplace
+from sketchrec.replay.experiments.common import load, write
+from sketchrec.replay.protocols import split_holdout, train_epochs
+from sketchrec.stream.sources import Ratings
 
 NAME = "blp-mog"
 DESCRIPTION = "Seed 002: BLP vs Laplace+clamp perturbation, MoG-MF vs plain MF vs the sketch learner, RMSE and F@10"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from models import DenseMF, SketchMF
-from replay.protocols import rmse_on, train_epochs
-from stream.sources import Ratings, read_ratings
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.replay.protocols import rmse_on, train_epochs
+from sketchrec.stream.sources import Ratings, read_ratings
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 SUBSTITUTION = ("ML-100k stands in for the thesis's ML-1M/10M, EachMovie and Netflix, which are not "

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from models.batch_private import PrivateNMF
-from privacy.accounting import GaussianSteps, epsilon_of
-from replay.experiments.common import load, write
-from replay.protocols import split_holdout
+from sketchrec.models.batch_private import PrivateNMF
+from sketchrec.privacy.accounting import GaussianSteps, epsilon_of
+from sketchrec.replay.experiments.common import load, write
+from sketchrec.replay.protocols import split_holdout
 
 NAME = "dp-nmf"
 DESCRIPTION = "Seed 004: private NMF with outliers on ML-100k, eps_t in {0.3,0.5,0.7}, total (eps, 1e-5) by three accountants"

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from models import SketchMF
-from models.batch_private import HuberIRLS, NoisyALS
-from models.dp_sgd import DPConfig
-from privacy.accounting import PrivacyLedger
-from privacy.mechanisms import Gaussian, Huber, Laplace
-from replay.cli import DEFAULTS, DP_DEFAULTS
-from replay.experiments.common import load, write
-from replay.protocols import holdout, split_holdout
+from sketchrec.models import SketchMF
+from sketchrec.models.batch_private import HuberIRLS, NoisyALS
+from sketchrec.models.dp_sgd import DPConfig
+from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.privacy.mechanisms import Gaussian, Huber, Laplace
+from sketchrec.replay.cli import DEFAULTS, DP_DEFAULTS
+from sketchrec.replay.experiments.common import load, write
+from sketchrec.replay.protocols import holdout, split_holdout
 
 NAME = "huber-movielens"
 DESCRIPTION = "Seed 001 methods (ALS/IRLS x Gaussian/Laplace/Huber) on ML-100k beside DP-SGD on the sketch at the same epsilon"

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import brentq
 
-from models.batch_private import HuberIRLS, NoisyALS
-from privacy.mechanisms import Gaussian, Huber, Laplace, analytic_gaussian_delta
-from replay.experiments.common import write
+from sketchrec.models.batch_private import HuberIRLS, NoisyALS
+from sketchrec.privacy.mechanisms import Gaussian, Huber, Laplace, analytic_gaussian_delta
+from sketchrec.replay.experiments.common import write
 
 NAME = "huber-synthetic"
 DESCRIPTION = "Seed 001 Tables 3/6/7: ALS and IRLS x Gaussian/Laplace/Huber noise, at equal variance and at equal epsilon"

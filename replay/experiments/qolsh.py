@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.experiments.common import write
-from sketches.cosine import CosineSketch
+from sketchrec.replay.experiments.common import write
+from sketchrec.sketches.cosine import CosineSketch
 
 NAME = "qolsh"
 DESCRIPTION = "Table 5.1: MSE, entropy and µs/vector of LSH, LSH+frame, qoLSH and the optimal quantizer; recall@R"

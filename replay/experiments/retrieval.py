@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
-from models import SketchMF
-from models.base import ITEM, USER
-from models.retrieval import RetrievalIndex
-from replay.experiments.common import load, write
-from replay.protocols import train_epochs
-from stream.sources import SyntheticStream
+from sketchrec.models import SketchMF
+from sketchrec.models.base import ITEM, USER
+from sketchrec.models.retrieval import RetrievalIndex
+from sketchrec.replay.experiments.common import load, write
+from sketchrec.replay.protocols import train_epochs
+from sketchrec.stream.sources import SyntheticStream
 
 NAME = "retrieval"
 DESCRIPTION = "Recall@10 and latency of the qoLSH retrieval index against exact top-10 (ML-100k, 100k-item catalogue)"

@@ -1,0 +1,24 @@
+"""sketchrec: a privacy-aware, streaming recommender whose latent factors live in a count sketch.
+
+The repository's product folders are this package's subpackages (see pyproject.toml
+``[tool.setuptools.package-dir]``): ``sketchrec.sketches`` (data structures), ``sketchrec.models``
+(learners), ``sketchrec.privacy`` (mechanisms, accounting, leakage), ``sketchrec.stream`` (sources,
+Kafka, checkpoints, serving) and ``sketchrec.replay`` (the commands and evaluation protocols).
+
+>>> from sketchrec import SketchMF
+>>> model = SketchMF(dim=8, capacity=100, seed=0)
+>>> model.learn_one("alice", "matrix", 5.0)
+>>> 0.5 <= model.predict_one("alice", "matrix") <= 5.0
+True
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from sketchrec.models import DenseMF, SketchMF
+
+try:
+    __version__ = version("sketchrec")
+except PackageNotFoundError:  # running from a checkout that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["DenseMF", "SketchMF", "__version__"]

@@ -1,0 +1,7 @@
+"""``python -m sketchrec``: the umbrella command."""
+
+import sys
+
+from sketchrec.replay.cli import sketchrec_main
+
+sys.exit(sketchrec_main())
