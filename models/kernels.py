@@ -23,7 +23,7 @@ from numba import njit
 
 from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
 from sketchrec.sketches.hashing import mix64, unit_interval
-from sketchrec.sketches.heavy_filter import find, touch
+from sketchrec.models.heavy_filter import find, touch
 
 # positions in the hyper-parameter vector handed to the kernels
 LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU = range(6)

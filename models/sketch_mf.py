@@ -8,7 +8,7 @@ from sketchrec.models import kernels as K
 from sketchrec.models.base import ITEM, USER, FactorizationModel
 from sketchrec.models.dp_sgd import DPConfig, NoisyStepper
 from sketchrec.sketches.count_sketch import CountSketch, width_for_space_gain
-from sketchrec.sketches.heavy_filter import WAYS, HeavyFilter, slot_bytes
+from sketchrec.models.heavy_filter import WAYS, HeavyFilter, slot_bytes
 from sketchrec.sketches.hashing import as_keys
 
 DEFAULT_WIDTH = 1 << 16

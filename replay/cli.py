@@ -17,9 +17,9 @@ from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
 from sketchrec.privacy.audit import Canaries
 from sketchrec.privacy.monitor import PrivacyMonitor
 from sketchrec.replay.protocols import holdout, prequential
-from sketchrec.stream.recommender import Monitored
-from sketchrec.stream.service import privacy_figures
-from sketchrec.stream.sources import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
+from sketchrec.stream.serving.recommender import Monitored
+from sketchrec.privacy.report import privacy_figures
+from sketchrec.data import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
 
 # Defaults tuned on ../shared/data/ml-100k (see README "Defaults").
 DEFAULTS = {"dim": 64, "depth": 4, "space_gain": 1.0, "lr": 0.03, "reg": 0.085, "bias_reg": 0.05,
@@ -383,8 +383,8 @@ def with_canaries(batches, canaries, total: int, seed: int):
 def make_service(model, expected_ratings: int, checkpoint_dir: Path | None, seed: int, monitor=None):
     """The model wrapped for serving, sized for the stream, and its service."""
     from sketchrec.stream.checkpoint import CheckpointStore
-    from sketchrec.stream.recommender import Recommender
-    from sketchrec.stream.service import LearningService
+    from sketchrec.stream.serving.recommender import Recommender
+    from sketchrec.stream.serving.service import LearningService
     recommender = Recommender(model, pair_capacity=max(expected_ratings, 1000), seed=seed, monitor=monitor)
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     return recommender, LearningService(recommender, store)
@@ -398,8 +398,8 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 
 def start_server(service, where: str, admin_token: str | None, privacy=None):
-    from sketchrec.stream.http import create_app
-    from sketchrec.stream.service import ServerThread
+    from sketchrec.stream.serving.http import create_app
+    from sketchrec.stream.serving.service import ServerThread
     host, port = parse_host_port(where)
     server = ServerThread(create_app(service, admin_token, privacy), host, port).start()
     print(f"serving http://{host}:{server.port} (admin endpoints "
@@ -474,7 +474,7 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
 
 def serve_main(argv: list[str] | None = None) -> int:
     from sketchrec.models import DenseMF, SketchMF
-    from sketchrec.stream.service import LearningService
+    from sketchrec.stream.serving.service import LearningService
     ap = argparse.ArgumentParser(prog="sketchrec serve", description="Serve the newest checkpoint "
                                  "read-only, reloading when a newer one is written.")
     ap.add_argument("--checkpoint", metavar="DIR", type=Path, required=True)
@@ -526,7 +526,7 @@ def consume_main(argv: list[str] | None = None) -> int:
     from kafka.errors import KafkaError
 
     from sketchrec.models import DenseMF, SketchMF
-    from sketchrec.stream.kafka_runtime import KafkaLearner, resume_or_create
+    from sketchrec.stream.kafka.consumer import KafkaLearner, resume_or_create
     ap = argparse.ArgumentParser(prog="sketchrec consume", description="Learn from a Kafka topic of "
                                  "ratings, with exactly-once-in-state checkpoints (see README).")
     ap.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
@@ -608,7 +608,7 @@ def consume_main(argv: list[str] | None = None) -> int:
 def produce_main(argv: list[str] | None = None) -> int:
     from kafka.errors import KafkaError
 
-    from sketchrec.stream.kafka_produce import order_for_topic, produce
+    from sketchrec.stream.kafka.producer import order_for_topic, produce
     ap = argparse.ArgumentParser(prog="sketchrec produce", description="Publish a ratings file to a "
                                  "Kafka topic (keyed by user; the topic is created if needed).")
     ap.add_argument("path", type=Path, help="any ratings file replay reads")
@@ -653,7 +653,7 @@ COMMANDS = {
     "consume": ("learn from a Kafka topic with checkpoints and dead letters", consume_main),
     "produce": ("publish a ratings file to a Kafka topic", produce_main),
     "bench": ("throughput, memory, serving and Kafka benchmarks against river and Vowpal Wabbit",
-              lambda argv: __import__("sketchrec.replay.bench", fromlist=["main"]).main(argv)),
+              lambda argv: __import__("sketchrec.replay.bench.suite", fromlist=["main"]).main(argv)),
 }
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.privacy.audit import is_canary
 from sketchrec.privacy.leakage import kld_from_errors
-from sketchrec.stream.sources import Ratings
+from sketchrec.data import Ratings
 
 Progress = Callable[[int, float, float], None]  # (ratings so far, running RMSE, ratings/s)
 

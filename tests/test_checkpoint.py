@@ -5,8 +5,8 @@ import pytest
 
 from sketchrec.models import DenseMF, SketchMF
 from sketchrec.stream.checkpoint import CheckpointStore
-from sketchrec.stream.recommender import Recommender
-from sketchrec.stream.sources import SyntheticStream
+from sketchrec.stream.serving.recommender import Recommender
+from sketchrec.data import SyntheticStream
 
 
 def halves():

@@ -116,8 +116,8 @@ def test_index_refresh_is_incremental_and_exclusion_is_honoured():
 
 def test_recommender_uses_the_index_on_large_catalogues_and_agrees_with_exact_scoring():
     from sketchrec.models import SketchMF
-    from sketchrec.stream.recommender import Recommender
-    from sketchrec.stream.sources import SyntheticStream
+    from sketchrec.stream.serving.recommender import Recommender
+    from sketchrec.data import SyntheticStream
     data = SyntheticStream(20_000, 300, 400, seed=14).all()
     recs = {}
     for name, threshold in (("exact", 10**9), ("index", 0)):

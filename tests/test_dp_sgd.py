@@ -13,7 +13,7 @@ from sketchrec.models.dp_sgd import DPConfig
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.replay.cli import replay_main
 from sketchrec.replay.protocols import cap_per_user, train_private_epochs
-from sketchrec.stream.sources import Ratings, SyntheticStream
+from sketchrec.data import Ratings, SyntheticStream
 
 
 def released(model) -> np.ndarray:
@@ -148,8 +148,8 @@ def test_replay_reports_the_proven_epsilon_of_the_run(capsys):
 
 def test_a_restart_never_resets_the_ledger(tmp_path):
     from sketchrec.stream.checkpoint import CheckpointStore
-    from sketchrec.stream.recommender import Recommender
-    from sketchrec.stream.service import LearningService
+    from sketchrec.stream.serving.recommender import Recommender
+    from sketchrec.stream.serving.service import LearningService
     model = SketchMF(dim=4, width=512, seed=10, dp=DPConfig(noise_multiplier=3.0, batch_size=50))
     service = LearningService(Recommender(model, pair_capacity=1000), CheckpointStore(tmp_path))
     assert service.begin_private_pass("rating", 1e-5, budget=None)

@@ -7,8 +7,8 @@ import pytest
 from sketchrec.models import DenseMF, SketchMF
 from sketchrec.models.base import ITEM, USER
 from sketchrec.sketches import keys_of
-from sketchrec.sketches.heavy_filter import WAYS, slot_bytes
-from sketchrec.stream.sources import SyntheticStream
+from sketchrec.models.heavy_filter import WAYS, slot_bytes
+from sketchrec.data import SyntheticStream
 
 HUGE_WIDTH = 1 << 24  # no collisions among 100 ids (800 components): p ~ 0.06 for any seed; none here
 

@@ -17,10 +17,10 @@ from schemathesis.checks import not_a_server_error
 
 from sketchrec.models import SketchMF
 from sketchrec.stream.checkpoint import CheckpointStore
-from sketchrec.stream.http import create_app
-from sketchrec.stream.recommender import Recommender
-from sketchrec.stream.service import LearningService, ServerThread
-from sketchrec.stream.sources import SyntheticStream
+from sketchrec.stream.serving.http import create_app
+from sketchrec.stream.serving.recommender import Recommender
+from sketchrec.stream.serving.service import LearningService, ServerThread
+from sketchrec.data import SyntheticStream
 
 TOKEN = "s3cret-token"
 

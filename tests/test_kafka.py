@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from sketchrec.stream.checkpoint import CheckpointStore
-from sketchrec.stream.kafka_produce import ensure_topic, order_for_topic, produce
-from sketchrec.stream.messages import parse_message
-from sketchrec.stream.sources import SyntheticStream, read_ratings
+from sketchrec.stream.kafka.producer import ensure_topic, order_for_topic, produce
+from sketchrec.stream.kafka.messages import parse_message
+from sketchrec.data import SyntheticStream, read_ratings
 from conftest import free_port
 
 ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
@@ -221,7 +221,7 @@ def test_ldp_producer_the_server_never_sees_a_raw_rating(kafka_bootstrap, tmp_pa
     assert "BoundedLaplace" in json.loads(out.stdout.strip().splitlines()[-1])["ldp"]
     # what arrived on the topic is not the file: continuous values inside the range
     from kafka import KafkaConsumer
-    from sketchrec.stream.kafka_runtime import kafka_config
+    from sketchrec.stream.kafka.consumer import kafka_config
     consumer = KafkaConsumer(topic, **kafka_config(kafka_bootstrap), auto_offset_reset="earliest",
                              consumer_timeout_ms=3000)
     values = [r for msg in consumer for _, _, r, _ in parse_message(msg.value).ratings]

@@ -9,7 +9,7 @@ from sketchrec.models import DenseMF, SketchMF
 from sketchrec.models.river_adapters import RankerRegressor, RiverBiasedMF
 from sketchrec.replay.protocols import ErrorStats, holdout, prequential
 from sketchrec.sketches import keys_of
-from sketchrec.stream.sources import SyntheticStream
+from sketchrec.data import SyntheticStream
 
 HUGE_WIDTH = 1 << 26  # no collisions among a few hundred ids (p ~ 1e-4 over the whole test)
 

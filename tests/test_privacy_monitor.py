@@ -13,8 +13,8 @@ from sketchrec.privacy.audit import Canaries, audit_p_value, epsilon_lower_bound
 from sketchrec.privacy.leakage import gaussian_kld, kld_from_errors
 from sketchrec.privacy.monitor import PrivacyMonitor
 from sketchrec.replay.protocols import holdout
-from sketchrec.stream.recommender import Recommender
-from sketchrec.stream.sources import Ratings, SyntheticStream
+from sketchrec.stream.serving.recommender import Recommender
+from sketchrec.data import Ratings, SyntheticStream
 
 
 @pytest.mark.parametrize("m1,v1,m2,v2", [(0, 1, 0, 1), (0.3, 0.5, -0.1, 1.2), (1, 2, 0, 0.7)])

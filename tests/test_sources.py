@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sketchrec.stream.sources import SyntheticStream, detect_format, order_ratings, read_ratings
+from sketchrec.data import SyntheticStream, detect_format, order_ratings, read_ratings
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 ML100K = DATA / "ml-100k" / "u.data"

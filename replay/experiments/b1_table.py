@@ -17,7 +17,7 @@ import numpy as np
 from sketchrec.models import DenseMF, SketchMF
 from sketchrec.replay.protocols import rmse_on, train_epochs
 from sketchrec.replay.experiments.common import mean_correct
-from sketchrec.stream.sources import read_ratings
+from sketchrec.data import read_ratings
 
 NAME = "b1-table"
 DESCRIPTION = "Table 4.2: RMSE of regular MF, count sketch (k=4) and feature hashing (k=1), d=32, γ=1"

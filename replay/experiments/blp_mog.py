@@ -23,7 +23,7 @@ from sketchrec.privacy.ldp import DeviceRandomiser
 from sketchrec.privacy.mechanisms import Laplace
 from sketchrec.replay.experiments.common import load, write
 from sketchrec.replay.protocols import split_holdout, train_epochs
-from sketchrec.stream.sources import Ratings
+from sketchrec.data import Ratings
 
 NAME = "blp-mog"
 DESCRIPTION = "Seed 002: BLP vs Laplace+clamp perturbation, MoG-MF vs plain MF vs the sketch learner, RMSE and F@10"

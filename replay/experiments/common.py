@@ -12,7 +12,7 @@ import numpy as np
 
 from sketchrec.models import DenseMF, SketchMF
 from sketchrec.replay.protocols import rmse_on, train_epochs
-from sketchrec.stream.sources import Ratings, read_ratings
+from sketchrec.data import Ratings, read_ratings
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 SUBSTITUTION = ("ML-100k stands in for the thesis's ML-1M/10M, EachMovie and Netflix, which are not "

@@ -18,7 +18,7 @@ from sketchrec.models.dp_sgd import DPConfig
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.replay.cli import DEFAULTS, DP_DEFAULTS
 from sketchrec.replay.protocols import holdout
-from sketchrec.stream.sources import read_ratings
+from sketchrec.data import read_ratings
 
 NAME = "dp-sgd"
 DESCRIPTION = "DP-SGD on the sketch: holdout RMSE for epsilon in {0.5,1,2,4,8,inf}, rating and user level"

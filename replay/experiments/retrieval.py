@@ -16,7 +16,7 @@ from sketchrec.models.base import ITEM, USER
 from sketchrec.models.retrieval import RetrievalIndex
 from sketchrec.replay.experiments.common import load, write
 from sketchrec.replay.protocols import train_epochs
-from sketchrec.stream.sources import SyntheticStream
+from sketchrec.data import SyntheticStream
 
 NAME = "retrieval"
 DESCRIPTION = "Recall@10 and latency of the qoLSH retrieval index against exact top-10 (ML-100k, 100k-item catalogue)"

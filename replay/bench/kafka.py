@@ -1,6 +1,6 @@
 """End-to-end Kafka benchmark: topic -> model ratings/s against the bare consume rate, in one run.
 
-    python -m replay.bench_kafka [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100]
+    python -m sketchrec.replay.bench.kafka [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100]
 
 Publishes the ratings file (`--copies` times, ids offset per copy) to two fresh topics, one rating
 per CSV message and `--batch` ratings per message, then measures on each: a bare kafka-python
@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from sketchrec.models import SketchMF
-from sketchrec.stream.kafka_produce import order_for_topic, produce
-from sketchrec.stream.kafka_runtime import KafkaLearner, kafka_config, resume_or_create
-from sketchrec.stream.sources import Ratings, read_ratings
+from sketchrec.stream.kafka.producer import order_for_topic, produce
+from sketchrec.stream.kafka.consumer import KafkaLearner, kafka_config, resume_or_create
+from sketchrec.data import Ratings, read_ratings
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
+DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 
 
 def _tansu() -> tuple[subprocess.Popen, str]:

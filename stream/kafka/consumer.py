@@ -26,9 +26,9 @@ from collections import Counter
 import numpy as np
 
 from sketchrec.stream.checkpoint import CheckpointStore
-from sketchrec.stream.messages import dead_letter, parse_message
-from sketchrec.stream.recommender import Recommender
-from sketchrec.stream.service import LearningService
+from sketchrec.stream.kafka.messages import dead_letter, parse_message
+from sketchrec.stream.serving.recommender import Recommender
+from sketchrec.stream.serving.service import LearningService
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Learn+predict throughput and prequential accuracy of the learners on the same stream, in one
 process (a benchmark, not a test).
 
-    python -m replay.bench_learners [PATH] [--runs 3] [--limit N]
+    python -m sketchrec.replay.bench.learners [PATH] [--runs 3] [--limit N]
 
 Each learner sees the same ratings in time order, predicting each before learning it. Figures are
 the median of `--runs` runs; the slow per-rating learners (river, Vowpal Wabbit, SketchMF through
@@ -22,10 +22,10 @@ from sketchrec.models.metrics import ErrorStats
 from sketchrec.models.river_adapters import RiverBiasedMF
 from sketchrec.privacy.monitor import PrivacyMonitor
 from sketchrec.replay.protocols import prequential
-from sketchrec.stream.recommender import Monitored
-from sketchrec.stream.sources import Ratings, order_ratings, read_ratings
+from sketchrec.stream.serving.recommender import Monitored
+from sketchrec.data import Ratings, order_ratings, read_ratings
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
+DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 
 
 class _OneByOne:

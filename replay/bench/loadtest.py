@@ -1,6 +1,6 @@
 """Load test of the live endpoint while the model learns (a script, not a unit test).
 
-    python -m replay.loadtest [PATH] [--seconds 15] [--concurrency 16] [--port 8765]
+    python -m sketchrec.replay.bench.loadtest [PATH] [--seconds 15] [--concurrency 16] [--port 8765]
 
 Runs `replay PATH --holdout 0.2 --epochs 1000 --serve` (learning at full speed) twice in a child
 process: once alone, once under a concurrent client sending a 50/50 mix of /predict and
@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
+DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 
 
 WRK_SCRIPT = """
@@ -129,7 +129,7 @@ def _run(path: Path, port: int, seconds: float, load=None) -> tuple[float, dict 
 def run_load_test(path: Path, seconds: float = 15, concurrency: int = 16, port: int = 8765,
                   client: str = "auto") -> dict:
     """Learning rate alone and under load, and the load's request figures."""
-    from sketchrec.stream.sources import read_ratings
+    from sketchrec.data import read_ratings
     data, _ = read_ratings(path)
     n_users, n_items = int(data.users.max()), int(data.items.max())  # MovieLens ids are 1..n
     use_wrk = client == "wrk" or (client == "auto" and shutil.which("wrk"))

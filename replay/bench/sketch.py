@@ -1,6 +1,6 @@
 """Micro-benchmark: CountSketch vector read+update throughput against a dense numpy array.
 
-    python -m replay.bench_sketch [--ids 1000000] [--dim 32] [--depth 4] [--batch 10000]
+    python -m sketchrec.replay.bench.sketch [--ids 1000000] [--dim 32] [--depth 4] [--batch 10000]
 
 Both sides do the same work per id: read a d-vector, then add a d-vector back. The dense baseline
 is the unbounded alternative (one row per id, numpy fancy indexing); the sketch uses the space

@@ -12,9 +12,9 @@ import time
 import numpy as np
 
 from sketchrec.privacy.ldp import HEADER
-from sketchrec.stream.kafka_runtime import kafka_config
-from sketchrec.stream.messages import encode_batch
-from sketchrec.stream.sources import Ratings
+from sketchrec.stream.kafka.consumer import kafka_config
+from sketchrec.stream.kafka.messages import encode_batch
+from sketchrec.data import Ratings
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 2) -> bool:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 
-from sketchrec.stream.service import LearningService
+from sketchrec.stream.serving.service import LearningService
 
 MAX_ID = 256
 MAX_K = 1000

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from sketchrec.replay.bench_learners import DEFAULT_DATA, learner_table, print_table
-from sketchrec.stream.sources import SyntheticStream, order_ratings, read_ratings
+from sketchrec.replay.bench.learners import DEFAULT_DATA, learner_table, print_table
+from sketchrec.data import SyntheticStream, order_ratings, read_ratings
 
 DIM = 32
 
@@ -102,12 +102,12 @@ def _timed(fn) -> float:
 
 
 def serving(seconds: float, client: str) -> dict:
-    from sketchrec.replay.loadtest import run_load_test
+    from sketchrec.replay.bench.loadtest import run_load_test
     return run_load_test(DEFAULT_DATA, seconds=seconds, concurrency=16, port=_free_port(), client=client)
 
 
 def kafka(copies: int, limit: int | None) -> dict:
-    from sketchrec.replay.bench_kafka import main as kafka_main
+    from sketchrec.replay.bench.kafka import main as kafka_main
     argv = ["--copies", str(copies)] + (["--limit", str(limit)] if limit else [])
     return kafka_main(argv)
 

@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from sketchrec.stream.sources import MAX_ID_LENGTH, parse_line
+from sketchrec.data import MAX_ID_LENGTH, parse_line
 
 MAX_MESSAGE_BYTES = 8 << 20
 

@@ -1,0 +1,1 @@
+"""Benchmarks (`sketchrec bench`) and the serving load test: measurements, not library code."""

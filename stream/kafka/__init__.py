@@ -1,0 +1,1 @@
+"""Kafka: message codec, the exactly-once consumer, the producer."""

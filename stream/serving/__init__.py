@@ -1,0 +1,1 @@
+"""Serving: the model wrapped for queries, the learning service and its HTTP app."""
