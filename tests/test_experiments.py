@@ -2,13 +2,10 @@
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from sketchrec.replay.cli import sketchrec_main
-
-ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 
 
 def test_experiment_list_names_every_registered_experiment(capsys):
@@ -18,7 +15,7 @@ def test_experiment_list_names_every_registered_experiment(capsys):
     assert sketchrec_main(["experiment", "no-such-thing"]) == 2
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_b1_table_quick(tmp_path):
     assert sketchrec_main(["experiment", "b1-table", "--quick", "--out", str(tmp_path)]) == 0
     assert {p.name for p in tmp_path.iterdir()} == {"b1_table.json", "b1_table.md", "b1_table.png"}
@@ -42,7 +39,7 @@ def _in_range(values, lo=0.5, hi=2.0) -> bool:
     return all(math.isfinite(v) and lo < v < hi for v in values)
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_b1_heatmap_quick(tmp_path):
     result = _quick(tmp_path, "b1-heatmap")
     for k in ("k1", "k4"):
@@ -51,7 +48,7 @@ def test_b1_heatmap_quick(tmp_path):
         assert _in_range([x for row in grid for x in row])
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_b1_dynamic_quick(tmp_path):
     result = _quick(tmp_path, "b1-dynamic")
     for kind in ("regular", "sketch", "hashing"):
@@ -62,7 +59,7 @@ def test_b1_dynamic_quick(tmp_path):
     assert result["space_gain"] == [32 / d for d in result["d_regular"]]
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_b1_regularization_quick(tmp_path):
     result = _quick(tmp_path, "b1-regularization")
     for kind, curve in result["test_rmse_d32_gamma1"].items():
@@ -71,7 +68,7 @@ def test_b1_regularization_quick(tmp_path):
     assert all(x in grid["grid"] for row in grid["best"] for x in row)
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_b2_privacy_quick(tmp_path):
     result = _quick(tmp_path, "b2-privacy")
     rows = [r for rows in result["sketch_clip"].values() for r in rows] + \
@@ -81,7 +78,7 @@ def test_b2_privacy_quick(tmp_path):
     assert 1.9 < result["dp_sgd"][0]["proven_epsilon"] <= 2.0 + 1e-6
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_dp_sgd_quick(tmp_path):
     result = _quick(tmp_path, "dp-sgd")
     assert _in_range([r["rmse"] for r in result["rating_level"] + result["user_level"]])
@@ -89,7 +86,7 @@ def test_dp_sgd_quick(tmp_path):
     assert all(r["epsilon"] <= r["target_epsilon"] + 1e-6 for r in finite)
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_blip_attacks_quick(tmp_path):
     result = _quick(tmp_path, "blip-attacks")
     for eps, row in result["results"].items():
@@ -109,7 +106,7 @@ def test_qolsh_quick(tmp_path):
     assert recall["qolsh"]["1000"] >= recall["lsh"]["1000"]
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_retrieval_quick(tmp_path):
     result = _quick(tmp_path, "retrieval")
     for cat in result["catalogues"].values():
@@ -128,7 +125,7 @@ def test_huber_synthetic_quick(tmp_path):
     assert all(r["laplace_epsilon"] == r["huber_epsilon"] == r["level"] for r in at_eps)
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_blp_mog_quick(tmp_path):
     result = _quick(tmp_path, "blp-mog")
     for row in result["rows"] + list(result["non_private"].values()):
@@ -136,7 +133,7 @@ def test_blp_mog_quick(tmp_path):
     assert {r["perturbation"] for r in result["rows"]} == {"blp", "laplace_clamp"}
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_dp_nmf_quick(tmp_path):
     result = _quick(tmp_path, "dp-nmf")
     private = [r for r in result["rows"] if r["epsilon_t"] is not None]
@@ -145,7 +142,7 @@ def test_dp_nmf_quick(tmp_path):
     assert all(math.isfinite(r["observed_rmse_normalised"]) and math.isfinite(r["test_rmse"]) for r in result["rows"])
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+@pytest.mark.usefixtures("ml100k")
 def test_huber_movielens_quick(tmp_path):
     result = _quick(tmp_path, "huber-movielens")
     values = [v for cells in result["seed_methods"].values() for v in cells.values()]

@@ -7,7 +7,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,8 +17,6 @@ from sketchrec.stream.kafka.producer import ensure_topic, order_for_topic, produ
 from sketchrec.stream.kafka.messages import parse_message
 from sketchrec.data import SyntheticStream, read_ratings
 from conftest import free_port
-
-ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
 
 
 def consume_cmd(bootstrap, topic, ckpt, *extra):
@@ -48,10 +45,9 @@ def test_message_forms_and_reasons():
         assert parse_message(raw).rejected[0][1] == reason, raw
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
-def test_kill_9_three_times_learns_every_rating_exactly_once(kafka_bootstrap, tmp_path):
+def test_kill_9_three_times_learns_every_rating_exactly_once(kafka_bootstrap, tmp_path, ml100k):
     topic = f"ml100k-{uuid.uuid4().hex[:8]}"
-    data, _ = read_ratings(ML100K)
+    data, _ = read_ratings(ml100k)
     sent = produce(order_for_topic(data), kafka_bootstrap, topic, batch=1)
     assert sent["ratings"] == 100_000
 

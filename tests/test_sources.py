@@ -7,9 +7,6 @@ import pytest
 
 from sketchrec.data import SyntheticStream, detect_format, order_ratings, read_ratings
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-ML100K = DATA / "ml-100k" / "u.data"
-MLSMALL = DATA / "ml-latest-small" / "ratings.csv"
 
 GOOD = [(1, 10, 4.0, 100), (2, 10, 3.5, 50), (1, 11, 5.0, 200)]
 BAD_LINES = {  # reason -> line body, with {s} standing for the separator
@@ -73,17 +70,15 @@ def test_order_by_time_file_and_shuffle(tmp_path):
         order_ratings(ratings, "random")
 
 
-@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
-def test_real_ml100k_parses_completely():
-    ratings, report = read_ratings(ML100K)
+def test_real_ml100k_parses_completely(ml100k):
+    ratings, report = read_ratings(ml100k)
     assert len(ratings) == 100_000 and report.n_skipped == 0
     assert len(np.unique(ratings.users)) == 943 and len(np.unique(ratings.items)) == 1682
     assert np.bincount(ratings.ratings.astype(int))[1:].tolist() == [6110, 11370, 27145, 34174, 21201]
 
 
-@pytest.mark.skipif(not MLSMALL.exists(), reason="ml-latest-small not in ../shared/data")
-def test_real_ml_latest_small_parses_completely():
-    ratings, report = read_ratings(MLSMALL)
+def test_real_ml_latest_small_parses_completely(ml_latest_small):
+    ratings, report = read_ratings(ml_latest_small)
     assert len(ratings) == 100_836 and report.n_skipped == 0
     assert len(np.unique(ratings.users)) == 610 and set(np.unique(ratings.ratings * 2)) == set(range(1, 11))
 
