@@ -15,6 +15,14 @@ class Sketch:
     A subclass keeps its whole state in ``self.cells`` and says which constructor parameters fix
     its shape and hashing (``params()``); two sketches with equal params can be merged and a blob
     rebuilds an identical sketch.
+
+    >>> from sketchrec.sketches import CountMinSketch
+    >>> a, b = CountMinSketch(width=64, depth=3, seed=1), CountMinSketch(width=64, depth=3, seed=1)
+    >>> a.add("x"); b.add("x", 2)
+    >>> (a + b).estimate("x")
+    3
+    >>> CountMinSketch.from_bytes(a.to_bytes()) == a
+    True
     """
 
     kind: ClassVar[str]

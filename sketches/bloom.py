@@ -49,7 +49,15 @@ def _contains_many(words, keys, salt1, salt2, n_hashes, m_bits, out):
 
 
 class BloomFilter(Sketch):
-    """A Bloom filter of ``m_bits`` bits (packed, little-endian bit order) and ``n_hashes`` hashes."""
+    """A Bloom filter of ``m_bits`` bits (packed, little-endian bit order) and ``n_hashes`` hashes.
+
+    >>> bf = BloomFilter(capacity=1000, fp_rate=0.01, seed=0)
+    >>> bf.m_bits, bf.n_hashes
+    (9586, 7)
+    >>> bf.add("alice")
+    >>> "alice" in bf, bf.contains_many(["alice", "bob"]).tolist()
+    (True, [True, False])
+    """
 
     kind = "BloomFilter"
 

@@ -21,7 +21,16 @@ METHODS = ("lsh", "frame", "qolsh")
 
 class CosineSketch:
     """Encoder of d-dimensional vectors into L-bit codes by ``method`` (see module docstring);
-    the directions depend only on (dim, bits, seed), and ``frame`` and ``qolsh`` share them."""
+    the directions depend only on (dim, bits, seed), and ``frame`` and ``qolsh`` share them.
+
+    >>> sketch = CosineSketch(dim=4, bits=16, seed=0)
+    >>> x = np.array([[1.0, 2.0, 0.0, -1.0]])
+    >>> code = sketch.encode(x)
+    >>> code.shape, code.dtype.name  # 16 bits in 2 bytes
+    ((1, 2), 'uint8')
+    >>> bool(sketch.estimate_cosine(x, code)[0, 0] > 0.9)  # the code points close to x
+    True
+    """
 
     def __init__(self, dim: int, bits: int, seed: int = 0, method: str = "qolsh", max_flips: int = 5):
         if method not in METHODS:

@@ -52,6 +52,13 @@ class CountMinSketch(Sketch):
     Sized either by ``width`` and ``depth`` or by ``epsilon`` and ``delta``: then
     ``width = ceil(e / epsilon)`` and ``depth = ceil(ln(1 / delta))``, so that with probability
     at least ``1 - delta`` an estimate exceeds the true count by at most ``epsilon * total``.
+
+    >>> cms = CountMinSketch(epsilon=0.01, delta=0.01, seed=0)
+    >>> cms.width, cms.depth
+    (272, 5)
+    >>> cms.add_many(["a", "b", "a"])
+    >>> cms.estimate("a"), cms["b"], cms["never-seen"], cms.total
+    (2, 1, 0, 3)
     """
 
     kind = "CountMinSketch"
@@ -124,6 +131,11 @@ class HeavyHitters:
 
     Memory is bounded by ``capacity`` ids beside the sketch. Candidates are re-estimated when the
     list is trimmed, so a tracked id's count never goes stale.
+
+    >>> hh = HeavyHitters(2, CountMinSketch(width=256, depth=4))
+    >>> hh.add_many(["a", "b", "a", "c", "a", "b"])
+    >>> hh.most_common()
+    [('a', 3), ('b', 2)]
     """
 
     def __init__(self, capacity: int, sketch: CountMinSketch):
