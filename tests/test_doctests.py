@@ -49,7 +49,8 @@ MODULES = module_names()
 
 
 def test_the_walk_reaches_every_subpackage():
-    assert {"sketchrec.sketches.count_sketch", "sketchrec.models.heavy_filter", "sketchrec.data"} <= set(MODULES)
+    assert {"sketchrec.data", "sketchrec.sketches.count_sketch"} <= set(MODULES)
+    assert any(n.count(".") >= 3 for n in MODULES)  # modules of nested subpackages too
     tops = {n.split(".")[1] for n in MODULES if n.count(".") >= 1}
     assert {"sketches", "models", "privacy", "stream", "replay"} <= tops
 

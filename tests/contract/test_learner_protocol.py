@@ -103,7 +103,8 @@ def test_river_evaluate_sees_the_errors_of_the_batch_path(case):
     users, items, r = synthetic(800, seed=2)
     batch = case.make().learn_many(users, items, r)
     dataset = ({"user": u, "item": i} for u, i in zip(users.tolist(), items.tolist()))
-    rmse = evaluate.progressive_val_score(zip(dataset, r.tolist()), RankerRegressor(case.make()), metrics.RMSE())
+    rmse = evaluate.progressive_val_score(zip(dataset, r.tolist()), RankerRegressor(case.make()),
+                                          metrics.RMSE())
     assert rmse.get() == pytest.approx(float(np.sqrt(np.mean((batch - r) ** 2))), rel=1e-9)
 
 

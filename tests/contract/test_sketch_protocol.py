@@ -192,7 +192,8 @@ def test_merge_of_two_halves_is_the_sketch_of_the_whole(case, stream, cut):
     case.check(merged, stream)
     if case.merge == "exact":
         assert merged == whole and merged.to_bytes() == whole.to_bytes()
-        assert same_answers(case.answer(merged, _ids(stream) + PROBES), case.answer(whole, _ids(stream) + PROBES))
+        queries = _ids(stream) + PROBES
+        assert same_answers(case.answer(merged, queries), case.answer(whole, queries))
     left.merge(right)  # and in place
     assert left == merged
 
