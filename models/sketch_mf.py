@@ -63,7 +63,7 @@ class SketchMF(FactorizationModel):
         self._split_memory(heavy_fraction, heavy_slots, light_dim, dp is not None)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
         self.dp = DPConfig.of(dp)
-        self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (seeds their noise)
+        self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (public: not a noise seed)
         self.user_counts: dict[int, int] = {}           # stream mode, user unit: ratings kept per user
         self._stepper = None
         if self.dp is not None:
