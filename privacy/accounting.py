@@ -19,6 +19,7 @@ loose bound; PLD is tighter and slower.
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import asdict, dataclass
 
 import dp_accounting
@@ -83,7 +84,8 @@ class PrivacyLedger:
     """
 
     def __init__(self, unit: str = "rating", delta: float = 1e-5, accountant: str = "rdp",
-                 steps: list[GaussianSteps] | None = None, relation: str | None = None):
+                 steps: list[GaussianSteps] | None = None, relation: str | None = None,
+                 ledger_id: str | None = None):
         if unit not in ("rating", "user"):
             raise ValueError("unit must be 'rating' or 'user'")
         if not 0 < delta < 1:
@@ -94,6 +96,8 @@ class PrivacyLedger:
         if relation is not None and relation not in RELATIONS:
             raise ValueError(f"relation must be one of {RELATIONS}")
         self.relation = relation
+        # which ledger this is: a checkpoint directory holding one refuses any other
+        self.ledger_id = ledger_id or secrets.token_hex(8)
 
     def _use(self, relation: str) -> None:
         if self.relation not in (None, relation):
@@ -153,7 +157,8 @@ class PrivacyLedger:
 
     def to_dict(self) -> dict:
         return {"unit": self.unit, "delta": self.delta, "accountant": self.accountant,
-                "relation": self.relation, "steps": [asdict(s) for s in self.steps]}
+                "relation": self.relation, "ledger_id": self.ledger_id,
+                "steps": [asdict(s) for s in self.steps]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "PrivacyLedger":
@@ -161,7 +166,8 @@ class PrivacyLedger:
         relation = data.get("relation")
         if relation is None and steps:  # ledgers from before the relation was stored
             relation = "add/remove" if all(s.sampling_rate < 1 for s in steps) else "replace-one"
-        return cls(data["unit"], data["delta"], data.get("accountant", "rdp"), steps, relation)
+        return cls(data["unit"], data["delta"], data.get("accountant", "rdp"), steps, relation,
+                   data.get("ledger_id"))
 
 
 def neighbouring(ledger: PrivacyLedger) -> tuple[str, str]:

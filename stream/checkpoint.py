@@ -63,6 +63,8 @@ def _extends(new: dict | None, old: dict | None) -> bool:
         return True
     if new is None or (new["unit"], new["delta"]) != (old["unit"], old["delta"]):
         return False
+    if old.get("ledger_id") and new.get("ledger_id") != old["ledger_id"]:
+        return False  # another ledger, even one that happens to match entry for entry
     a, b = old["steps"], new["steps"]
     if len(b) < len(a) or a[:-1] != b[:len(a) - 1]:
         return False
