@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit
 
 from sketchrec.models import kernels as K
+from sketchrec.privacy.entropy import noise_generator
 from sketchrec.sketches.count_sketch import scatter_add
 
 UNITS = ("rating", "user")
@@ -62,6 +63,7 @@ class DPConfig:
     user_cap: int | None = None
     rating_range: tuple[float, float] = (1.0, 5.0)
     mode: str = "dp-sgd"
+    debug_noise_seed: int | None = None  # debug only: reproducible noise, no guarantee (privacy.entropy)
 
     def __post_init__(self):
         if not self.noise_multiplier >= 0 or not self.clip > 0 or self.batch_size < 1:
@@ -174,8 +176,8 @@ def clipped_gradient_sum(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i
 class NoisyStepper:
     """Applies DP-SGD steps to a ``SketchMF``: owns the accumulators and the noise generator.
 
-    The noise comes from a ``numpy.random.Generator`` (PCG64) seeded from the model's seed and a
-    step counter kept in the model's state, so a restored checkpoint does not replay noise."""
+    Each step's noise comes from a generator keyed by fresh OS entropy (``privacy.entropy``), never
+    from the model's seed or step counter, so nothing released or checkpointed predicts it."""
 
     def __init__(self, model, config: DPConfig):
         self.model, self.config = model, config
@@ -192,7 +194,7 @@ class NoisyStepper:
                                        c.clip, self.offset_scale, self.acc, self.bacc,
                                        self.offset_acc,
                                        self.scratch, self.bscratch, out_pred)
-        rng = np.random.default_rng([m.seed or 0, int(m.dp_steps[0])])
+        rng = noise_generator(c.debug_noise_seed, int(m.dp_steps[0]))
         std = c.noise_multiplier * c.clip
         lr = hp[K.LR]
         for cells, acc in ((m.vectors.cells, self.acc), (m.biases.cells, self.bacc)):

@@ -63,7 +63,7 @@ class SketchMF(FactorizationModel):
         self._split_memory(heavy_fraction, heavy_slots, light_dim, dp is not None)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
         self.dp = DPConfig.of(dp)
-        self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (seeds their noise)
+        self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (public: not a noise seed)
         self.user_counts: dict[int, int] = {}           # stream mode, user unit: ratings kept per user
         self._stepper = None
         if self.dp is not None:
@@ -131,11 +131,25 @@ class SketchMF(FactorizationModel):
                 "dp": None if self.dp is None else self.dp.to_dict()}
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
+        # the exact per-user cap counts are operator state, not model: see operator_state()
+        return {"vectors": self.vectors.cells, "biases": self.biases.cells,
+                "dp_steps": self.dp_steps, **self.heavy.state()}
+
+    def operator_state(self) -> bytes:
+        """The user unit's exact cap counts (keys: public hashes of ids), kept out of to_bytes()
+        and checkpointed beside the model as operator state."""
+        import io
         users = np.fromiter(self.user_counts.keys(), dtype=np.uint64, count=len(self.user_counts))
         counts = np.fromiter(self.user_counts.values(), dtype=np.int64, count=len(self.user_counts))
-        return {"vectors": self.vectors.cells, "biases": self.biases.cells,
-                "dp_steps": self.dp_steps, "capped_users": users, "capped_counts": counts,
-                **self.heavy.state()}
+        buf = io.BytesIO()
+        np.savez(buf, capped_users=users, capped_counts=counts)
+        return buf.getvalue()
+
+    def load_operator_state(self, blob: bytes) -> None:
+        import io
+        with np.load(io.BytesIO(blob)) as arrays:
+            self.user_counts = dict(zip(arrays["capped_users"].tolist(),
+                                        arrays["capped_counts"].tolist()))
 
     def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         if arrays["vectors"].shape != self.vectors.cells.shape:

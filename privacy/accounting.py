@@ -8,14 +8,18 @@ for. The entries are plain numbers, so the ledger goes into every checkpoint as 
 continues it instead of starting over.
 
 Proven: the epsilon reported is an upper bound for the composed sequence of every noisy iterate
-(so serving every intermediate model is covered), under add-or-remove-one neighbouring of the
-privacy unit, given that the mechanism ran as recorded. The RDP figure is a valid but slightly
+(so serving every intermediate model is covered), under the ledger's neighbouring relation, given
+that the mechanism ran as recorded. The relation is named exactly: epoch training with Poisson
+sampling is accounted for one unit added or removed; one pass over a stream in fixed chunks for one
+unit replaced by another, with the stream's length public (adding a rating would shift every later
+chunk: a valid add/remove bound for such a pass is far larger). A ledger holds one relation. The RDP figure is a valid but slightly
 loose bound; PLD is tighter and slower.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import asdict, dataclass
 
 import dp_accounting
@@ -27,6 +31,7 @@ from dp_accounting import pld, rdp
 absl_logging.set_verbosity(absl_logging.ERROR)
 
 ACCOUNTANTS = ("rdp", "pld")
+RELATIONS = ("add/remove", "replace-one")
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,15 @@ def epsilon_of(steps: list[GaussianSteps], delta: float, accountant: str = "rdp"
 class PrivacyLedger:
     """Every noisy release of one model, for one privacy unit, and what it has cost so far.
 
-    ``unit`` is what one neighbouring dataset adds or removes: ``"rating"`` or ``"user"``.
+    ``unit`` is what one neighbouring dataset changes: ``"rating"`` or ``"user"``; ``relation``
+    how (``RELATIONS``): Poisson-sampled steps (``record``) are add/remove, stream passes
+    (``begin_pass``) replace-one; it is set by the first entry and a ledger never mixes them.
     ``record`` merges consecutive identical entries, so a run of T equal steps is one entry.
     """
 
     def __init__(self, unit: str = "rating", delta: float = 1e-5, accountant: str = "rdp",
-                 steps: list[GaussianSteps] | None = None):
+                 steps: list[GaussianSteps] | None = None, relation: str | None = None,
+                 ledger_id: str | None = None):
         if unit not in ("rating", "user"):
             raise ValueError("unit must be 'rating' or 'user'")
         if not 0 < delta < 1:
@@ -85,8 +93,22 @@ class PrivacyLedger:
         _accountant(accountant)
         self.unit, self.delta, self.accountant = unit, float(delta), accountant
         self.steps: list[GaussianSteps] = list(steps or [])
+        if relation is not None and relation not in RELATIONS:
+            raise ValueError(f"relation must be one of {RELATIONS}")
+        self.relation = relation
+        # which ledger this is: a checkpoint directory holding one refuses any other
+        self.ledger_id = ledger_id or secrets.token_hex(8)
 
-    def record(self, noise_multiplier: float, sampling_rate: float = 1.0, count: int = 1) -> None:
+    def _use(self, relation: str) -> None:
+        if self.relation not in (None, relation):
+            raise ValueError(f"this ledger accounts {self.relation} neighbours; a {relation} "
+                             "release cannot be composed into it")
+        self.relation = relation
+
+    def record(self, noise_multiplier: float, sampling_rate: float = 1.0, count: int = 1,
+               relation: str = "add/remove") -> None:
+        """Record ``count`` releases (epoch training: Poisson-sampled steps, add/remove)."""
+        self._use(relation)
         entry = GaussianSteps(float(noise_multiplier), float(sampling_rate), int(count))
         if self.steps and self.steps[-1].noise_multiplier == entry.noise_multiplier \
                 and self.steps[-1].sampling_rate == entry.sampling_rate:
@@ -130,28 +152,49 @@ class PrivacyLedger:
         recorded, when the pass would take epsilon over ``budget``."""
         if budget is not None and self.epsilon_if(noise_multiplier) > budget:
             return False
-        self.record(noise_multiplier)
+        self.record(noise_multiplier, relation="replace-one")
         return True
 
     def to_dict(self) -> dict:
         return {"unit": self.unit, "delta": self.delta, "accountant": self.accountant,
+                "relation": self.relation, "ledger_id": self.ledger_id,
                 "steps": [asdict(s) for s in self.steps]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "PrivacyLedger":
-        return cls(data["unit"], data["delta"], data.get("accountant", "rdp"),
-                   [GaussianSteps(**s) for s in data["steps"]])
+        steps = [GaussianSteps(**s) for s in data["steps"]]
+        relation = data.get("relation")
+        if relation is None and steps:  # ledgers from before the relation was stored
+            relation = "add/remove" if all(s.sampling_rate < 1 for s in steps) else "replace-one"
+        return cls(data["unit"], data["delta"], data.get("accountant", "rdp"), steps, relation,
+                   data.get("ledger_id"))
 
 
-def describe(ledger: PrivacyLedger, mode: str = "dp-sgd") -> dict:
-    """The figures /privacy and `replay --json` report for a DP-SGD-trained model."""
+def neighbouring(ledger: PrivacyLedger) -> tuple[str, str]:
+    """(privacy_unit label, phrase for the guarantee sentence) naming the exact relation."""
+    unit, relation = ledger.unit, ledger.relation or "add/remove"
+    if relation == "replace-one":
+        return (f"replace-one {unit} (stream length public)",
+                f"one {unit} replaced by another (the stream's length is public)")
+    return f"add/remove {unit}", f"one {unit} added or removed"
+
+
+def describe(ledger: PrivacyLedger, mode: str = "dp-sgd", void: str | None = None) -> dict:
+    """The figures /privacy and `replay --json` report for a DP-SGD-trained model. ``void``: why
+    the accounted figure proves nothing (e.g. reproducible debug noise, ``privacy.entropy``)."""
     eps = ledger.epsilon()
-    return {"mode": mode, "epsilon": eps, "delta": ledger.delta, "privacy_unit": ledger.unit,
-            "proven_bound": True, "accountant": ledger.accountant, "noisy_releases": ledger.n_releases,
-            "guarantee": f"({eps:.4g}, {ledger.delta:g})-DP for one {ledger.unit} in or out, proven "
-                         f"by {ledger.accountant.upper()} accounting over every noisy iterate so far "
-                         "(serving each intermediate model is covered); assumes the noise is as "
-                         "recorded and the hash seed, rating range and stream length are public"}
+    label, phrase = neighbouring(ledger)
+    guarantee = (f"({eps:.4g}, {ledger.delta:g})-DP for {phrase}, proven by "
+                 f"{ledger.accountant.upper()} accounting over every noisy iterate so far (serving "
+                 "each intermediate model is covered); the noise and the Poisson sample come from "
+                 "fresh secret entropy; the hash seed, rating range, capacity and stream length "
+                 "are public; covers the released surfaces only (docs/privacy-surfaces.md)")
+    if void:
+        guarantee = f"none: {void} (the accountant alone would say {eps:.4g})"
+    return {"mode": mode, "epsilon": float("inf") if void else eps, "delta": ledger.delta,
+            "privacy_unit": label, "unit": ledger.unit, "neighbouring": ledger.relation or "add/remove",
+            "proven_bound": not void, "accountant": ledger.accountant,
+            "noisy_releases": ledger.n_releases, "guarantee": guarantee}
 
 
 def calibrate_noise(target_epsilon: float, delta: float, sampling_rate: float = 1.0,

@@ -61,3 +61,53 @@ def parse_header(value: bytes) -> dict | None:
         return {"mechanism": name, "epsilon": float(eps.split("=", 1)[1]), "range": [lower, upper]}
     except (ValueError, UnicodeDecodeError, IndexError):
         return None
+
+
+# the rating scale of each format the readers know (sketchrec.data.detect_format); a format not
+# listed has no default: its range must be declared, never guessed (clamping 0.5 to 1 is a bias)
+FORMAT_RANGES = {"ml-100k": (1.0, 5.0), "ml-1m": (1.0, 5.0), "movielens-csv": (0.5, 5.0)}
+
+
+def declared_range(option: str | tuple | None, fmt: str | None = None) -> tuple[float, float]:
+    """The LDP rating range: ``option`` ("L,U" or a pair) if given, else the format's scale.
+
+    >>> declared_range(None, "movielens-csv"), declared_range("0.5,4")
+    ((0.5, 5.0), (0.5, 4.0))
+    """
+    if option is None:
+        if fmt not in FORMAT_RANGES:
+            raise ValueError(f"the rating range of the {fmt or 'given'} data is not known: declare "
+                             "it (--ldp-range L,U)")
+        return FORMAT_RANGES[fmt]
+    lo, hi = (float(x) for x in (option.split(",") if isinstance(option, str) else option))
+    if not lo < hi:
+        raise ValueError("the rating range must be L,U with L < U")
+    return lo, hi
+
+
+class LDPSettings:
+    """What a local-DP run reports (`replay --ldp-epsilon` JSON, /privacy): ``mode: ldp``, the
+    per-rating epsilon and the declared range.
+
+    >>> LDPSettings(1.0, 0.5, 4.0).figures()["range"]
+    [0.5, 4.0]
+    """
+
+    def __init__(self, epsilon: float, lower: float, upper: float):
+        if not epsilon > 0 or not lower < upper:
+            raise ValueError("LDP needs epsilon > 0 and lower < upper")
+        self.epsilon, self.lower, self.upper = float(epsilon), float(lower), float(upper)
+
+    @classmethod
+    def from_mechanism(cls, mech: dict) -> "LDPSettings":
+        """From a parsed message header (``parse_header``)."""
+        return cls(mech["epsilon"], *mech["range"])
+
+    def figures(self) -> dict:
+        return {"mode": "ldp", "epsilon": self.epsilon, "delta": 0.0, "range": [self.lower, self.upper],
+                "privacy_unit": "one rating's value (local, per message)", "proven_bound": True,
+                "mechanism": "BoundedLaplace",
+                "guarantee": f"{self.epsilon:g}-LDP for the value of each rating, clamped into the "
+                             f"declared range [{self.lower:g}, {self.upper:g}] on the device; which "
+                             "items a user rated, and when, are not protected; a user with n "
+                             f"ratings is n*{self.epsilon:g}-LDP for the whole rating vector"}

@@ -1,24 +1,43 @@
 """What /privacy and `replay --json` report: the training mode's guarantee, the monitor's figures
-and the last canary audit."""
+(outside the DP modes) and the last canary audit.
+
+In the central-DP modes the guarantee covers only what is released (docs/privacy-surfaces.md).
+The monitor's moments are exact functions of the ratings (reading /privacy around each rating
+gave back 300/300 ratings exactly, defect D3), so there they are operator state: ``operator_figures``
+gives them to the admin route, labelled not covered, and /privacy names where they went.
+"""
 
 from __future__ import annotations
 
 from sketchrec.privacy.accounting import describe
+from sketchrec.privacy.entropy import DEBUG_NOTE
+
+NOT_COVERED = "not covered by any privacy guarantee: exact operator state (admin only)"
 
 
-def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None) -> dict:
-    """The training mode's guarantee (and whether it is proven), the monitor's figures and the
-    last canary audit, as /privacy and `replay --json` report them."""
+def central_dp(model) -> bool:
+    """Whether the model trains with DP-SGD (its releases are accounted)."""
+    return getattr(model, "dp", None) is not None
+
+
+def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None,
+                    ldp=None) -> dict:
+    """The training mode's guarantee (and whether it is proven), the monitor's figures (not in
+    the DP modes) and the last canary audit, as /privacy and `replay --json` report them.
+    ``ldp``: a ``privacy.ldp.LDPSettings`` when the ratings were perturbed on the device."""
     clip = getattr(model, "clip_loss", None)
     sgld = getattr(model, "sgld_temperature", None)
     dp = getattr(model, "dp", None)
     figures = {"epsilon": None, "delta": None, "privacy_unit": None, "proven_bound": None,
                "mode": "clip-loss" if clip else "sgld" if sgld else "non-private"}
+    debug = dp is not None and getattr(dp, "debug_noise_seed", None) is not None
     if dp is not None and dp.noise_multiplier > 0 and ledger is not None:
-        figures.update(describe(ledger, dp.mode))
+        figures.update(describe(ledger, dp.mode, DEBUG_NOTE if debug else None))
     elif dp is not None:
         figures.update(mode=dp.mode, epsilon=float("inf"), privacy_unit=dp.unit, proven_bound=False,
                        guarantee="none: clipped DP-SGD without noise (epsilon = infinity)")
+    elif ldp is not None:
+        figures.update(ldp.figures())
     elif clip:
         figures.update(epsilon=clip, privacy_unit="rating", proven_bound=False,
                        guarantee="the thesis's claimed epsilon for loss clipping at epsilon (§4.2.2): "
@@ -28,8 +47,18 @@ def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None)
     else:
         figures.update(guarantee="none: the model is trained without privacy protection")
     if monitor is not None:
-        figures.update(monitor.figures())
+        if central_dp(model):
+            figures["monitor"] = f"GET /admin/privacy ({NOT_COVERED})"
+        else:
+            figures.update(monitor.figures())
     if audit is not None:
         figures["audit"] = audit
         figures["audit_epsilon_lower_bound"] = audit["epsilon_lower_bound"]
     return figures
+
+
+def operator_figures(monitor=None, stats: dict | None = None) -> dict:
+    """What the admin route shows in a DP mode: the monitor's exact figures and the exact
+    counters, labelled not covered."""
+    return {"covered": False, "note": NOT_COVERED,
+            "monitor": monitor.figures() if monitor is not None else None, "stats": stats}

@@ -16,6 +16,7 @@ import numpy as np
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.privacy.audit import is_canary
+from sketchrec.privacy.entropy import sampling_generator
 from sketchrec.privacy.leakage import kld_from_errors
 from sketchrec.data import Ratings
 
@@ -120,7 +121,7 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
     allowed = planned
     if ledger is not None and budget is not None and z > 0:
         allowed = ledger.affordable(budget, z, q, limit=planned)
-    rng = np.random.default_rng(seed)
+    rng = sampling_generator(dp.debug_noise_seed, seed)  # secret: the amplification needs it
     learned = 0
     for step in range(allowed):
         chosen = np.flatnonzero(rng.random(population) < q)

@@ -5,8 +5,16 @@ directory fsynced, so a crash leaves either the old file or the new one, never h
 file carries a SHA-256 of its body; loading verifies it and falls back to the newest older file
 that verifies, so a corrupt or truncated checkpoint costs one interval, never the whole state.
 
-File layout: b"SKCP" | u32 header length | header JSON {seq, meta, parts: [[name, length]], sha256}
-| part bytes in order.
+File layout: b"SKCP" | u32 header length | header JSON {seq, meta, parts: [[name, length]], sha256,
+sha256_all} | part bytes in order. ``sha256_all`` covers the body AND the canonical JSON of seq,
+meta and parts, so the privacy ledger in the meta is checked too (a one-byte edit of it once set
+epsilon to 0, defect D8).
+
+The privacy ledger is never lost or restarted silently: a directory whose checkpoints hold a
+ledger refuses to load when a newer file does not verify (falling back would under-count the
+privacy spent by what that file's model released), and ``save`` refuses a ledger that does not
+continue the one already stored (defect D9: `replay --checkpoint` twice into one directory started
+a fresh ledger); ``continue_ledger`` gives the ledger a new run must extend.
 """
 
 from __future__ import annotations
@@ -21,7 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sketchrec.privacy.accounting import PrivacyLedger
+
 log = logging.getLogger(__name__)
+LEDGER = "privacy_ledger"
 MAGIC = b"SKCP"
 _NAME = re.compile(r"^ckpt-(\d{12})\.skc$")
 
@@ -36,6 +47,32 @@ class Checkpoint:
     path: Path
 
 
+class LedgerIntegrityError(ValueError):
+    """A checkpoint holding (or following one holding) a privacy ledger does not verify."""
+
+
+def _digest(seq: int, meta: dict, parts: list, body: bytes) -> str:
+    signed = json.dumps({"seq": seq, "meta": meta, "parts": parts}, sort_keys=True).encode()
+    return hashlib.sha256(struct.pack("<Q", len(signed)) + signed + body).hexdigest()
+
+
+def _extends(new: dict | None, old: dict | None) -> bool:
+    """Whether ledger ``new`` continues ``old`` (same unit and delta, old's entries as a prefix;
+    the last may have grown, since equal consecutive entries merge)."""
+    if old is None or not old["steps"]:
+        return True
+    if new is None or (new["unit"], new["delta"]) != (old["unit"], old["delta"]):
+        return False
+    if old.get("ledger_id") and new.get("ledger_id") != old["ledger_id"]:
+        return False  # another ledger, even one that happens to match entry for entry
+    a, b = old["steps"], new["steps"]
+    if len(b) < len(a) or a[:-1] != b[:len(a) - 1]:
+        return False
+    last, same = a[-1], b[len(a) - 1]
+    return (last["noise_multiplier"], last["sampling_rate"]) == \
+        (same["noise_multiplier"], same["sampling_rate"]) and same["count"] >= last["count"]
+
+
 class CheckpointStore:
     """Numbered checkpoints in one directory; keeps the newest ``keep`` files."""
 
@@ -45,6 +82,7 @@ class CheckpointStore:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep = keep
+        self._ledger_cache: tuple | None = None  # (ledger dict,) last verified or written here
 
     def _files(self) -> list[tuple[int, Path]]:
         found = []
@@ -58,10 +96,21 @@ class CheckpointStore:
         """Write a new checkpoint durably; returns its path."""
         files = self._files()
         seq = files[-1][0] + 1 if files else 1
+        meta = {**(meta or {}), "written_at": time.time()}
+        if files:
+            if self._ledger_cache is None:
+                stored = self.latest()
+                self._ledger_cache = (stored.meta.get(LEDGER) if stored else None,)
+            if not _extends(meta.get(LEDGER), self._ledger_cache[0]):
+                raise LedgerIntegrityError(
+                    f"{self.directory} holds a privacy ledger that this checkpoint does not "
+                    "continue: refusing to start a fresh ledger there (continue it with "
+                    "stream.checkpoint.continue_ledger, or use another directory)")
         body = b"".join(parts.values())
-        header = json.dumps({"seq": seq, "meta": {**(meta or {}), "written_at": time.time()},
-                             "parts": [[name, len(blob)] for name, blob in parts.items()],
-                             "sha256": hashlib.sha256(body).hexdigest()}).encode()
+        layout = [[name, len(blob)] for name, blob in parts.items()]
+        header = json.dumps({"seq": seq, "meta": meta, "parts": layout,
+                             "sha256": hashlib.sha256(body).hexdigest(),
+                             "sha256_all": _digest(seq, meta, layout, body)}).encode()
         final = self.directory / f"ckpt-{seq:012d}.skc"
         tmp = final.with_suffix(".tmp")
         with open(tmp, "wb") as fh:
@@ -70,6 +119,7 @@ class CheckpointStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
+        self._ledger_cache = (json.loads(json.dumps(meta.get(LEDGER))),)
         dir_fd = os.open(self.directory, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -93,6 +143,12 @@ class CheckpointStore:
         body = blob[8 + hlen:]
         if hashlib.sha256(body).hexdigest() != header.get("sha256"):
             raise ValueError(f"{path.name}: checksum mismatch (corrupt or truncated)")
+        has_ledger = bool(header.get("meta", {}).get(LEDGER))
+        if "sha256_all" in header or has_ledger:
+            if header.get("sha256_all") != _digest(header["seq"], header["meta"], header["parts"], body):
+                raise LedgerIntegrityError(
+                    f"{path.name}: the header (metadata{', privacy ledger' if has_ledger else ''}) "
+                    "does not match its checksum: edited or corrupt; refusing it")
         parts, pos = {}, 0
         for name, length in header["parts"]:
             parts[name] = body[pos:pos + length]
@@ -100,14 +156,68 @@ class CheckpointStore:
         return Checkpoint(header["seq"], header["meta"], parts, path)
 
     def latest(self) -> Checkpoint | None:
-        """The newest checkpoint that verifies (older ones are tried when newer ones are corrupt)."""
+        """The newest checkpoint that verifies (older ones are tried when newer ones are corrupt).
+
+        LedgerIntegrityError instead of a fallback when the files involved hold a privacy ledger:
+        an older ledger would under-count what the newer (already served) models spent."""
+        failed = []
         for _, path in reversed(self._files()):
             try:
-                return self.read(path)
+                ckpt = self.read(path)
             except (ValueError, OSError) as exc:
                 log.warning("skipping checkpoint %s: %s", path, exc)
+                failed.append((path, exc))
+                continue
+            if failed and (ckpt.meta.get(LEDGER) or any(_mentions_ledger(p) for p, _ in failed)):
+                path, exc = failed[0]
+                raise LedgerIntegrityError(
+                    f"refusing to load {self.directory}: {exc}. Its checkpoints hold a privacy "
+                    "ledger, and falling back to an older one would under-count the privacy "
+                    "already spent; restore the file, or move it away knowingly") from None
+            return ckpt
+        if failed and any(_mentions_ledger(p) for p, _ in failed):
+            raise LedgerIntegrityError(f"refusing to load {self.directory}: {failed[0][1]} "
+                                       "(its privacy ledger cannot be verified)")
         return None
+
+    def ledger(self) -> PrivacyLedger | None:
+        """The privacy ledger of the newest valid checkpoint, if it holds one."""
+        ckpt = self.latest()
+        data = ckpt.meta.get(LEDGER) if ckpt else None
+        return PrivacyLedger.from_dict(data) if data else None
 
     def newest_seq(self) -> int:
         files = self._files()
         return files[-1][0] if files else 0
+
+
+def _mentions_ledger(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return LEDGER.encode() in fh.read(1 << 20)
+    except OSError:
+        return False
+
+
+def continue_ledger(directory: str | Path | None, unit: str, delta: float,
+                    accountant: str = "rdp") -> PrivacyLedger:
+    """The ledger a DP run checkpointing into ``directory`` must extend: the stored one when the
+    directory holds one (same unit and delta, else ValueError), otherwise a new one."""
+    stored = CheckpointStore(directory).ledger() if directory is not None else None
+    if stored is None:
+        return PrivacyLedger(unit, delta, accountant)
+    if (stored.unit, stored.delta) != (unit, float(delta)):
+        raise ValueError(f"{directory} holds a ledger for unit {stored.unit!r}, delta "
+                         f"{stored.delta:g}; this run accounts {unit!r}, {delta:g}: use another directory")
+    return stored
+
+
+def operator_parts(model) -> dict[str, bytes]:
+    """Checkpoint parts of a model's operator state outside its exported bytes (cap counts)."""
+    state = getattr(model, "operator_state", None)
+    return {"operator_state": state()} if state else {}
+
+
+def restore_operator_parts(model, parts: dict[str, bytes]) -> None:
+    if "operator_state" in parts and hasattr(model, "load_operator_state"):
+        model.load_operator_state(parts["operator_state"])

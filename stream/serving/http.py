@@ -1,8 +1,14 @@
 """The live query endpoint (FastAPI): predictions, recommendations, privacy figures, stats and
 Prometheus metrics, served while the model learns.
 
-Read endpoints need no token. Admin endpoints (POST /checkpoint, /pause, /resume) need
+Admin endpoints (POST /checkpoint, /pause, /resume, GET /admin/privacy) need
 ``Authorization: Bearer <token>`` with the token given at start-up; without one they are disabled.
+With access control on (``access``; by default in every privacy mode) /predict and /recommend
+about user U answer only a caller holding U's token (``privacy.access.UserTokens.mint(U)``, sent as
+``Authorization: Bearer <token>`` or ``?token=``) or the admin (backend) token: 401 without a
+credential, 403 with a wrong one; and the answer's ``source`` is "ranked" for every user, so it
+does not tell whether U is in the training data. In the central-DP modes /privacy and /stats show
+no exact data statistic; the admin route serves them, labelled not covered (docs/privacy-surfaces.md).
 Ids are opaque text: they are hashed, never parsed or evaluated ('5' and 5 are the same id).
 """
 
@@ -18,12 +24,21 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 
+from sketchrec.privacy.access import UserTokens
+from sketchrec.privacy.release import access_control_default, public_stats
+from sketchrec.privacy.report import central_dp, operator_figures
 from sketchrec.stream.serving.service import LearningService
 
 MAX_ID = 256
 MAX_K = 1000
 PRIVACY_FIELDS = ("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "kld",
                   "audit_epsilon_lower_bound")
+
+
+# the monitor's exact figures (privacy.monitor.figures): operator state in the DP modes
+_MONITOR_FIELDS = ("kld", "kld_cumulative", "seen_error_mean", "seen_error_var", "seen_sample",
+                   "unseen_error_mean", "unseen_error_var", "unseen_window", "unseen_total",
+                   "kld_alert_threshold", "kld_alert", "kld_note")
 
 
 class Prediction(BaseModel):
@@ -50,15 +65,18 @@ class _ServiceCollector:
         self.service_ref = service_ref
 
     def collect(self):
-        stats = self.service_ref().stats()
-        learned = CounterMetricFamily("sketchrec_ratings_learned", "Ratings learned by the model")
-        learned.add_metric([], stats["ratings_learned"])
-        yield learned
-        skipped = CounterMetricFamily("sketchrec_ratings_skipped", "Ratings set aside", labels=["reason"])
-        for reason, count in stats["skipped"].items():
-            skipped.add_metric([reason], count)
-        yield skipped
-        privacy = self.service_ref().privacy()
+        service = self.service_ref()
+        stats = service.stats()
+        private = central_dp(service.recommender.model)  # exact counts are operator state there
+        if not private:
+            learned = CounterMetricFamily("sketchrec_ratings_learned", "Ratings learned by the model")
+            learned.add_metric([], stats["ratings_learned"])
+            yield learned
+            skipped = CounterMetricFamily("sketchrec_ratings_skipped", "Ratings set aside", labels=["reason"])
+            for reason, count in stats["skipped"].items():
+                skipped.add_metric([reason], count)
+            yield skipped
+        privacy = service.privacy()
         for name, doc in (("kld", "Windowed KLD of seen vs unseen errors (eq. 4.15; heuristic)"),
                           ("kld_cumulative", "Cumulative KLD of seen vs unseen errors")):
             if privacy.get(name) is not None:
@@ -68,14 +86,27 @@ class _ServiceCollector:
         for name, key, doc in (("model_bytes", "model_bytes", "Bytes of model state"),
                                ("catalogue_items", "catalogue_items", "Items seen so far"),
                                ("uptime_seconds", "uptime_s", "Seconds since start")):
+            if private and key == "catalogue_items":
+                continue
             gauge = GaugeMetricFamily(f"sketchrec_{name}", doc)
             gauge.add_metric([], stats[key])
             yield gauge
 
 
+def resolve_access(service: LearningService, access) -> UserTokens | None:
+    """``access``: "auto" (on in every privacy mode), True/False, or a ``UserTokens`` to use."""
+    if isinstance(access, UserTokens) or access is None or access is False:
+        return access or None
+    on = access is True or (access == "auto" and access_control_default(
+        service.recommender.model, bool(service.origin.get("perturbed_on_device"))))
+    return UserTokens.from_env() if on else None
+
+
 def create_app(service: LearningService, admin_token: str | None = None,
-               privacy: Callable[[], dict] | None = None) -> FastAPI:
-    """The endpoint over a service. ``privacy`` returns the monitor's figures (None: all null)."""
+               privacy: Callable[[], dict] | None = None, access="auto") -> FastAPI:
+    """The endpoint over a service. ``privacy`` returns the monitor's figures (None: all null);
+    ``access`` turns per-user access control on (see ``resolve_access``)."""
+    tokens = resolve_access(service, access)
     app = FastAPI(title="sketchrec", version="0.1.0",
                   description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
@@ -92,37 +123,72 @@ def create_app(service: LearningService, admin_token: str | None = None,
         latency.labels(getattr(route, "path", "unmatched")).observe(time.perf_counter() - t0)
         return response
 
-    def require_admin(authorization: str | None = Header(default=None)) -> LearningService:
+    def is_admin(authorization: str | None) -> bool:
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        return admin_token is not None and bool(given) and secrets.compare_digest(
+            given.encode(), admin_token.encode())
+
+    def require_admin_read(authorization: str | None = Header(default=None)) -> LearningService:
         if admin_token is None:
             raise HTTPException(403, "admin endpoints are disabled: no admin token was configured")
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not authorization or not secrets.compare_digest(given.encode(), admin_token.encode()):
+        if not is_admin(authorization):
             raise HTTPException(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-        if app.state.service.read_only:
-            raise HTTPException(409, "this service is read-only (serving a checkpoint)")
         return app.state.service
 
+    def require_admin(authorization: str | None = Header(default=None)) -> LearningService:
+        svc = require_admin_read(authorization)
+        if svc.read_only:
+            raise HTTPException(409, "this service is read-only (serving a checkpoint)")
+        return svc
+
+    def authorise(user: str, authorization: str | None, token: str | None) -> None:
+        """Access control: U's token or the backend (admin) token, else 401 / 403."""
+        if tokens is None or is_admin(authorization):
+            return
+        given = token or (authorization or "").removeprefix("Bearer ").strip()
+        if not given:
+            raise HTTPException(401, "this endpoint needs the user's token or the backend token",
+                                {"WWW-Authenticate": "Bearer"})
+        if not tokens.verify(user, given):
+            raise HTTPException(403, "the token does not grant access to this user")
+
     ids = dict(min_length=1, max_length=MAX_ID)
+    cred = dict(default=None, max_length=MAX_ID, description="the user's token (or use Authorization)")
 
     @app.get("/predict", response_model=Prediction, summary="Predicted rating of one item by one user")
-    def predict(user: str = Query(..., **ids), item: str = Query(..., **ids)) -> Prediction:
+    def predict(user: str = Query(..., **ids), item: str = Query(..., **ids),
+                token: str | None = Query(**cred),
+                authorization: str | None = Header(default=None)) -> Prediction:
+        authorise(user, authorization, token)
         return Prediction(user=user, item=item, rating=app.state.service.recommender.predict(user, item))
 
     @app.get("/recommend", response_model=Recommendations,
              summary="Top-k items the user has not rated, best first")
-    def recommend(user: str = Query(..., **ids), k: int = Query(10, ge=1, le=MAX_K)) -> Recommendations:
+    def recommend(user: str = Query(..., **ids), k: int = Query(10, ge=1, le=MAX_K),
+                  token: str | None = Query(**cred),
+                  authorization: str | None = Header(default=None)) -> Recommendations:
+        authorise(user, authorization, token)
         items, source = app.state.service.recommender.recommend(user, k)
-        return Recommendations(user=user, source=source,
+        return Recommendations(user=user, source="ranked" if tokens else source,
                                items=[ScoredItem(item=i, score=s) for i, s in items])
 
     @app.get("/privacy", summary="The privacy guarantee of the training mode and the monitor's figures")
     def privacy_figures() -> dict:
         figures = privacy() if privacy else app.state.service.privacy()
+        if central_dp(app.state.service.recommender.model):  # no exact figure on a released surface
+            figures = {k: v for k, v in figures.items() if k not in _MONITOR_FIELDS}
         return {field: figures.get(field) for field in PRIVACY_FIELDS} | figures
 
     @app.get("/stats", summary="Learning counters, throughput, memory, checkpoint and offsets")
     def stats() -> dict:
-        return app.state.service.stats()
+        svc = app.state.service
+        return public_stats(svc.stats(), central_dp(svc.recommender.model))
+
+    @app.get("/admin/privacy", summary="Operator state: the monitor's exact figures and counters "
+             "(admin; NOT covered by any privacy guarantee)")
+    def admin_privacy(svc: LearningService = Depends(require_admin_read)) -> dict:
+        monitor = getattr(svc.recommender, "monitor", None)
+        return operator_figures(monitor, svc.stats())
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
     def metrics() -> PlainTextResponse:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.privacy.ldp import LDPSettings
 from sketchrec.privacy.report import privacy_figures
-from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.checkpoint import CheckpointStore, operator_parts, restore_operator_parts
 from sketchrec.stream.serving.recommender import Recommender
 
 
@@ -74,6 +75,9 @@ class LearningService:
         figures = privacy_figures(self.recommender.model, self.recommender.monitor, self.audit,
                                   self.ledger)
         figures["budget_exhausted"] = self.budget_stopped
+        mech = self.origin.get("mechanism")
+        if mech and not self.origin["raw"] and figures["mode"] == "non-private":
+            figures.update(LDPSettings.from_mechanism(mech).figures())  # every rating came perturbed
         if self.origin["perturbed_on_device"] or self.origin["raw"]:
             figures["local_dp"] = {**self.origin, "debiased": self.recommender.debias is not None,
                                    "server_saw_raw_ratings": self.origin["raw"] > 0}
@@ -121,7 +125,8 @@ class LearningService:
         if self.checkpoints is None:
             raise RuntimeError("no checkpoint directory configured")
         with self._lock:
-            path = self.checkpoints.save(self.recommender.state_parts(),
+            parts = {**self.recommender.state_parts(), **operator_parts(self.recommender.model)}
+            path = self.checkpoints.save(parts,
                                          {"ratings_learned": self.ratings_learned,
                                           "offsets": self.offsets, "skipped": dict(self.skipped),
                                           "errors": self.errors.to_dict(),
@@ -145,6 +150,7 @@ class LearningService:
         return service
 
     def _adopt(self, ckpt) -> None:
+        restore_operator_parts(self.recommender.model, ckpt.parts)
         self.offsets = dict(ckpt.meta.get("offsets", {}))
         self.skipped = Counter(ckpt.meta.get("skipped", {}))
         self.errors = ErrorStats.from_dict(ckpt.meta.get("errors", ErrorStats().to_dict()))
