@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -18,6 +18,13 @@ from sketchrec.replay.cli.config import ReplayConfig
 from sketchrec.replay.cli.display import ProgressBar, summary
 from sketchrec.replay.cli.options import add_model_args, add_monitor_args, add_serving_args
 from sketchrec.replay.cli.serve import serve_until_interrupted, start_server
+
+if TYPE_CHECKING:  # the run's parts, imported when a command needs them
+    from sketchrec.models.dp_sgd import DPConfig
+    from sketchrec.privacy.accounting import PrivacyLedger
+    from sketchrec.privacy.audit import Canaries
+    from sketchrec.privacy.monitor import PrivacyMonitor
+    from sketchrec.stream.serving.service import LearningService
 
 SYNTHETIC = {"ratings": 500_000, "users": 10_000, "items": 3_000}
 RSS_EVERY = 1_000_000  # ratings between two samples of the process's resident memory
@@ -111,13 +118,13 @@ class Run:
 
     config: ReplayConfig
     source: Source
-    model: object
+    model: object        # SketchMF, DenseMF or RiverBiasedMF
     learner: object      # the model itself, the service's recommender, or the model Monitored
-    monitor: object      # privacy.monitor.PrivacyMonitor, or None
-    dp: object           # models.dp_sgd.DPConfig, or None
-    ledger: object       # privacy.accounting.PrivacyLedger, or None
-    canaries: object     # privacy.audit.Canaries, or None
-    service: object      # stream.serving.service.LearningService, or None
+    monitor: PrivacyMonitor | None
+    dp: DPConfig | None
+    ledger: PrivacyLedger | None
+    canaries: Canaries | None
+    service: LearningService | None
 
 
 def prepare(config: ReplayConfig) -> Run:
@@ -159,7 +166,8 @@ def prepare(config: ReplayConfig) -> Run:
     return Run(config, source, model, learner, monitor, dp, ledger, canaries, service)
 
 
-def make_service(model, source: Source, config: ReplayConfig, monitor, ledger):
+def make_service(model, source: Source, config: ReplayConfig, monitor: PrivacyMonitor | None,
+                 ledger: PrivacyLedger | None) -> LearningService:
     """The model wrapped for serving, sized for the stream, in a service that owns its ledger."""
     from sketchrec.stream.checkpoint import CheckpointStore
     from sketchrec.stream.serving.recommender import Recommender
