@@ -38,6 +38,14 @@ class Ratings:
     def take(self, index) -> "Ratings":
         return Ratings(self.users[index], self.items[index], self.ratings[index], self.timestamps[index])
 
+    def n_ids(self) -> int:
+        """Distinct users plus distinct items: the ``capacity`` a sketch is sized for.
+
+        >>> Ratings(np.array([1, 1, 2]), np.array([7, 8, 7]), np.ones(3), np.zeros(3)).n_ids()
+        4
+        """
+        return len(np.unique(self.users)) + len(np.unique(self.items))
+
     def batches(self, size: int) -> Iterator["Ratings"]:
         for start in range(0, len(self), size):
             yield self.take(slice(start, start + size))

@@ -19,7 +19,8 @@ from sketchrec.models import SketchMF
 from sketchrec.stream.checkpoint import CheckpointStore
 from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.serving.recommender import Recommender
-from sketchrec.stream.serving.service import LearningService, ServerThread
+from sketchrec.stream.serving.server import ServerThread
+from sketchrec.stream.serving.service import LearningService
 from sketchrec.data import SyntheticStream
 
 TOKEN = "s3cret-token"
@@ -223,7 +224,7 @@ def _wait_for(url: str, timeout: float = 60.0) -> httpx.Response:
 
 def test_replay_serve_keeps_serving_after_the_replay_until_interrupted(tmp_path):
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sketchrec.replay.cli", "replay", "--synthetic-ratings", "30000",
+    proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", "--synthetic-ratings", "30000",
                              "--synthetic-users", "500", "--synthetic-items", "200", "--quiet",
                              "--serve", f"127.0.0.1:{port}", "--checkpoint", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -249,7 +250,7 @@ def test_serve_a_checkpoint_read_only_and_reload_newer(tmp_path):
     service, _ = learned_service(n=5000, checkpoint_dir=tmp_path)
     service.checkpoint()
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sketchrec.replay.cli", "serve", "--checkpoint", str(tmp_path),
+    proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(tmp_path),
                              "--listen", f"127.0.0.1:{port}", "--reload-every", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -276,6 +277,6 @@ def test_serve_a_checkpoint_read_only_and_reload_newer(tmp_path):
 
 
 def test_serve_without_a_checkpoint_is_a_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sketchrec.replay.cli", "serve", "--checkpoint", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "no valid checkpoint" in out.stderr

@@ -20,7 +20,7 @@ from conftest import free_port
 
 
 def consume_cmd(bootstrap, topic, ckpt, *extra):
-    return [sys.executable, "-m", "sketchrec.replay.cli", "consume", "--bootstrap", bootstrap, "--topic", topic,
+    return [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
             "--checkpoint", str(ckpt), "--capacity", "3000", "--expected-ratings", "200000",
             "--exit-when-idle", "3", *extra]
 
@@ -168,7 +168,7 @@ def test_malformed_messages_are_counted_dead_lettered_and_the_rest_learned(kafka
 
 def test_dead_broker_is_a_clear_error_and_touches_nothing(tmp_path):
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
-    out = subprocess.run([sys.executable, "-m", "sketchrec.replay.cli", "consume", "--bootstrap", dead, "--topic", "t",
+    out = subprocess.run([sys.executable, "-m", "sketchrec", "consume", "--bootstrap", dead, "--topic", "t",
                           "--checkpoint", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "cannot consume 't'" in out.stderr and "Traceback" not in out.stderr
@@ -211,7 +211,7 @@ def test_ldp_producer_the_server_never_sees_a_raw_rating(kafka_bootstrap, tmp_pa
     path.write_text("userId,movieId,rating,timestamp\n" + "".join(
         f"{u},{i},{min(max(round(r), 1), 5)},{t}\n" for u, i, r, t in
         zip(data.users.tolist(), data.items.tolist(), data.ratings.tolist(), data.timestamps.tolist())))
-    out = subprocess.run([sys.executable, "-m", "sketchrec.replay.cli", "produce", str(path), "--bootstrap",
+    out = subprocess.run([sys.executable, "-m", "sketchrec", "produce", str(path), "--bootstrap",
                           kafka_bootstrap, "--topic", topic, "--batch", "20", "--ldp-epsilon", "2",
                           "--rating-range", "1,5", "--seed", "4"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -20,14 +20,13 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
-
 from sketchrec.models import SketchMF
+from sketchrec.models.registry import MODELS
 from sketchrec.stream.kafka.producer import order_for_topic, produce
 from sketchrec.stream.kafka.consumer import KafkaLearner, kafka_config, resume_or_create
 from sketchrec.data import Ratings, read_ratings
+from sketchrec.replay.bench import PATH_HELP, data_file
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 
 
 def _tansu() -> tuple[subprocess.Popen, str]:
@@ -62,7 +61,7 @@ def bare_consume(bootstrap: str, topic: str, n_messages: int) -> float:
 def learn_from(bootstrap: str, topic: str, capacity: int, n_ratings: int) -> float:
     """Ratings/s from topic into the model, checkpoints included."""
     with tempfile.TemporaryDirectory() as ckpt:
-        service = resume_or_create(ckpt, lambda: SketchMF(capacity=capacity), {"SketchMF": SketchMF},
+        service = resume_or_create(ckpt, lambda: SketchMF(capacity=capacity), model_classes=MODELS,
                                    pair_capacity=2 * n_ratings)
         learner = KafkaLearner(service, bootstrap, topic, checkpoint_every=50_000)
         t0 = time.perf_counter()
@@ -74,17 +73,18 @@ def learn_from(bootstrap: str, topic: str, capacity: int, n_ratings: int) -> flo
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
     ap.add_argument("--bootstrap")
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--limit", type=int, help="use only the first N ratings of the file")
     args = ap.parse_args(argv)
+    path = data_file(args.path)
     broker = None
     if args.bootstrap is None:
         broker, args.bootstrap = _tansu()
     try:
-        data, _ = read_ratings(args.path)
+        data, _ = read_ratings(path)
         data = order_for_topic(data)
         if args.limit:
             data = data.take(slice(0, args.limit))
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
                                          data.timestamps) for c in range(args.copies)])
         n = len(copies)
-        capacity = args.copies * (len(np.unique(data.users)) + len(np.unique(data.items)))
+        capacity = args.copies * data.n_ids()
         SketchMF(capacity=10).learn_many([1], [1], [3.0])  # compile outside the timings
         report = {"ratings": n}
         for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):

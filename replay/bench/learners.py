@@ -24,8 +24,8 @@ from sketchrec.privacy.monitor import PrivacyMonitor
 from sketchrec.replay.protocols import prequential
 from sketchrec.stream.serving.recommender import Monitored
 from sketchrec.data import Ratings, order_ratings, read_ratings
+from sketchrec.replay.bench import PATH_HELP, data_file
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 
 
 class _OneByOne:
@@ -85,7 +85,7 @@ def _timed_rounds(makes: list, part: Ratings, runs: int) -> list[list[dict]]:
 
 def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: int = 64) -> dict:
     """Median throughput and RMSE of every learner on the same prequential stream."""
-    capacity = len(np.unique(data.users)) + len(np.unique(data.items))
+    capacity = data.n_ids()
     slow = min(len(data), slow_limit)
     learners = {
         "sketch_batch": (lambda: SketchMF(capacity=capacity, dim=dim), len(data)),
@@ -141,12 +141,12 @@ def print_table(results: dict) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--slow-limit", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=64)
     args = ap.parse_args(argv)
-    data, _ = read_ratings(args.path)
+    data, _ = read_ratings(data_file(args.path))
     results = learner_table(order_ratings(data, "time"), args.runs, args.slow_limit, args.dim)
     print_table(results)
     print(json.dumps(results))

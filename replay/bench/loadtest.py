@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
+from sketchrec.replay.bench import PATH_HELP, data_file
 
 
 WRK_SCRIPT = """
@@ -48,7 +48,7 @@ end
 
 
 def _start(path: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sketchrec.replay.cli", "replay", str(path), "--holdout", "0.2",
+    return subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", str(path), "--holdout", "0.2",
                              "--epochs", "1000", "--quiet", "--serve", f"127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -148,13 +148,13 @@ def run_load_test(path: Path, seconds: float = 15, concurrency: int = 16, port: 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
     ap.add_argument("--seconds", type=float, default=15)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--client", choices=("auto", "wrk", "httpx"), default="auto")
     args = ap.parse_args(argv)
-    report = run_load_test(args.path, args.seconds, args.concurrency, args.port, args.client)
+    report = run_load_test(data_file(args.path), args.seconds, args.concurrency, args.port, args.client)
     print(f"{report['requests']:,} requests in {report['seconds']:.1f} s = {report['requests_per_s']:,.0f} req/s "
           f"({report['client']}, 50/50 /predict and /recommend, {args.concurrency} connections), "
           f"errors {report['errors']}")

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from sketchrec.replay.bench.learners import DEFAULT_DATA, learner_table, print_table
 from sketchrec.data import SyntheticStream, order_ratings, read_ratings
+from sketchrec.replay.bench import PATH_HELP, data_file
+from sketchrec.replay.bench.learners import learner_table, print_table
 
 DIM = 32
 
@@ -101,14 +102,14 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def serving(seconds: float, client: str) -> dict:
+def serving(path: Path, seconds: float, client: str) -> dict:
     from sketchrec.replay.bench.loadtest import run_load_test
-    return run_load_test(DEFAULT_DATA, seconds=seconds, concurrency=16, port=_free_port(), client=client)
+    return run_load_test(path, seconds=seconds, concurrency=16, port=_free_port(), client=client)
 
 
-def kafka(copies: int, limit: int | None) -> dict:
+def kafka(path: Path, copies: int, limit: int | None) -> dict:
     from sketchrec.replay.bench.kafka import main as kafka_main
-    argv = ["--copies", str(copies)] + (["--limit", str(limit)] if limit else [])
+    argv = [str(path), "--copies", str(copies)] + (["--limit", str(limit)] if limit else [])
     return kafka_main(argv)
 
 
@@ -178,17 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (well under a minute)")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--data", type=Path, help=PATH_HELP)
     ap.add_argument("--no-kafka", action="store_true")
     ap.add_argument("--no-serving", action="store_true")
     args = ap.parse_args(argv)
+    path = data_file(args.data)
     args.out.mkdir(parents=True, exist_ok=True)
     q = args.quick
     t0 = time.perf_counter()
     report: dict = {"command": "sketchrec bench " + " ".join(argv if argv is not None else sys.argv[1:]),
                     "quick": q, "learners": {}}
 
-    data, _ = read_ratings(args.data)
+    data, _ = read_ratings(path)
     data = order_ratings(data, "time")
     if q:
         data = data.take(slice(0, 20_000))
@@ -209,11 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     report["sketch_fraction_of_bound"] = (report["learners"]["ml100k"]["sketch_batch"]["throughput_per_s"]
                                           / report["physical_limit"]["bound_ratings_per_s"])
 
-    report["serving"] = None if args.no_serving else serving(2.0 if q else 15.0, "httpx" if q else "auto")
+    report["serving"] = None if args.no_serving else serving(path, 2.0 if q else 15.0, "httpx" if q else "auto")
     report["kafka"] = None
     if not args.no_kafka:
         try:
-            report["kafka"] = kafka(1, 10_000 if q else None)
+            report["kafka"] = kafka(path, 1, 10_000 if q else None)
         except (ImportError, FileNotFoundError) as exc:
             report["kafka"] = {"skipped": f"no broker available: {exc}"}
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from sketchrec.replay.experiments.common import SUBSTITUTION, Split, load, make, n_ids, split_80_10_10, write
+from sketchrec.replay.experiments.common import SUBSTITUTION, Split, load, make, split_80_10_10, write
 from sketchrec.replay.protocols import rmse_on, train_epochs
 
 NAME = "b1-dynamic"
@@ -35,7 +33,7 @@ def _per_epoch(kind: str, split: Split, n: int, epochs: int) -> list[float]:
 def run(data: Path | None, out: Path, quick: bool) -> dict:
     ratings = load(data)
     dims, epochs = ((2, 8, 32), 3) if quick else (DIMS, 20)
-    split, n = split_80_10_10(ratings, fold=0), n_ids(ratings)
+    split, n = split_80_10_10(ratings, fold=0), ratings.n_ids()
     one_pass = {"regular": [_one_pass("regular", split, n, d, 1.0) for d in dims],
                 "sketch": [_one_pass("sketch", split, n, D_SKETCH, D_SKETCH / d) for d in dims],
                 "hashing": [_one_pass("hashing", split, n, D_SKETCH, D_SKETCH / d) for d in dims]}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sketchrec.replay.experiments.common import SUBSTITUTION, fit, load, make, n_ids, split_80_10_10, write
+from sketchrec.replay.experiments.common import SUBSTITUTION, fit, load, make, split_80_10_10, write
 
 NAME = "b1-heatmap"
 DESCRIPTION = "Figs. 4.1/4.2: RMSE over d x gamma for feature hashing (k=1) and the count sketch (k=4)"
@@ -20,7 +20,7 @@ KINDS = {"k1": "hashing", "k4": "sketch"}
 def run(data: Path | None, out: Path, quick: bool) -> dict:
     ratings = load(data)
     dims, gains, epochs = ((2, 16), (1, 8), 2) if quick else (DIMS, GAINS, 20)
-    split, n = split_80_10_10(ratings, fold=0), n_ids(ratings)
+    split, n = split_80_10_10(ratings, fold=0), ratings.n_ids()
     rmse = {k: [[fit(make(kind, n, d, g), split, epochs) for g in gains] for d in dims]
             for k, kind in KINDS.items()}
     result = {"data": str(data or "ml-100k"), "dims": dims, "space_gains": gains, "epochs": epochs,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sketchrec.replay.experiments.common import SUBSTITUTION, load, make, n_ids, split_80_10_10, write
+from sketchrec.replay.experiments.common import SUBSTITUTION, load, make, split_80_10_10, write
 from sketchrec.replay.protocols import rmse_on, train_epochs
 
 NAME = "b1-regularization"
@@ -29,7 +29,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
     lambdas, epochs = ((1, 0.1, 0.0), 2) if quick else (LAMBDAS, 20)
     dims, gains = ((8, 32), (1, 4)) if quick else ((4, 8, 16, 32), (1, 2, 4, 8))
     best_grid = (0.0, 0.05, 0.1, 0.2, 0.5) if not quick else (0.0, 0.1)
-    split, n = split_80_10_10(ratings, fold=0), n_ids(ratings)
+    split, n = split_80_10_10(ratings, fold=0), ratings.n_ids()
     curves = {kind: [_scores(kind, split, n, 32, 1.0, lam, epochs)[1] for lam in lambdas] for kind in KINDS}
     best = [[min(best_grid, key=lambda lam: _scores("sketch", split, n, d, g, lam, epochs)[0])
              for g in gains] for d in dims]

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from sketchrec.models import DenseMF, SketchMF
-from sketchrec.replay.protocols import rmse_on, train_epochs
-from sketchrec.replay.experiments.common import mean_correct
 from sketchrec.data import read_ratings
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.paths import ml100k
+from sketchrec.replay.experiments.common import mean_correct
+from sketchrec.replay.protocols import rmse_on, train_epochs
 
 NAME = "b1-table"
 DESCRIPTION = "Table 4.2: RMSE of regular MF, count sketch (k=4) and feature hashing (k=1), d=32, γ=1"
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 THESIS = {"ML-1M": (0.873, 0.876, 0.906), "ML-10M": (0.811, 0.809, 0.818),
           "EachMovie": (1.145, 1.146, 1.159), "Netflix": (0.854, 0.855, 0.862)}
 MODELS = ("regular", "count_sketch_k4", "feature_hashing_k1")
@@ -37,10 +37,11 @@ def _make(name: str, capacity: int, lr: float, reg: float, seed: int):
 
 def run(data: Path | None, out: Path, quick: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    ratings, _ = read_ratings(data or DEFAULT_DATA)
+    path = ml100k(data)
+    ratings, _ = read_ratings(path)
     folds, epochs = (1, 2) if quick else (3, 20)
     grid = [(0.03, 0.1)] if quick else [(lr, reg) for lr in (0.01, 0.03) for reg in (0.05, 0.1, 0.2)]
-    capacity = len(np.unique(ratings.users)) + len(np.unique(ratings.items))
+    capacity = ratings.n_ids()
     per_fold: dict[str, list] = {m: [] for m in MODELS}
     chosen: dict[str, list] = {m: [] for m in MODELS}
     for fold in range(folds):
@@ -58,7 +59,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
             best = min(scored)
             per_fold[name].append(best[3])
             chosen[name].append({"lr": best[1], "reg": best[2], "validation_rmse": best[0]})
-    result = {"data": str(data or DEFAULT_DATA), "folds": folds, "epochs": epochs, "dim": 32,
+    result = {"data": str(path), "folds": folds, "epochs": epochs, "dim": 32,
               "space_gain": 1.0, "grid": grid, "quick": quick,
               "rmse": {m: {"mean": float(np.mean(v)), "std": float(np.std(v)), "folds": v}
                        for m, v in per_fold.items()},

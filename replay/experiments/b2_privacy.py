@@ -14,9 +14,9 @@ import numpy as np
 
 from sketchrec.models import DenseMF, SketchMF
 from sketchrec.models.dp_sgd import DPConfig
+from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
 from sketchrec.privacy.accounting import PrivacyLedger
-from sketchrec.replay.cli import DEFAULTS, DP_DEFAULTS
-from sketchrec.replay.experiments.common import SUBSTITUTION, load, n_ids, write
+from sketchrec.replay.experiments.common import SUBSTITUTION, load, write
 from sketchrec.replay.protocols import holdout
 
 NAME = "b2-privacy"
@@ -31,7 +31,7 @@ def _row(model, ratings, epochs, **kw) -> dict:
 
 def run(data: Path | None, out: Path, quick: bool) -> dict:
     ratings = load(data)
-    n = n_ids(ratings)
+    n = ratings.n_ids()
     dims, gains, epsilons, epochs = ((8, 32), (1, 4), (2.0, math.inf), 2) if quick else \
         ((8, 16, 32), (1, 2, 4), EPSILONS, 20)
     # the thesis's pure count sketch, at the regularisation shared with the DP-SGD rows

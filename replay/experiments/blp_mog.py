@@ -11,7 +11,6 @@ lambda = 10 for the ALS-based learners (chosen on the unperturbed split).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np

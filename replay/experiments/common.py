@@ -10,22 +10,19 @@ from pathlib import Path
 
 import numpy as np
 
-from sketchrec.models import DenseMF, SketchMF
-from sketchrec.replay.protocols import rmse_on, train_epochs
 from sketchrec.data import Ratings, read_ratings
+from sketchrec.models import DenseMF, SketchMF
+from sketchrec.paths import ml100k
+from sketchrec.replay.protocols import rmse_on, train_epochs
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 SUBSTITUTION = ("ML-100k stands in for the thesis's ML-1M/10M, EachMovie and Netflix, which are not "
                 "available here.")
 
 
 def load(data: Path | None) -> Ratings:
-    ratings, _ = read_ratings(data or DEFAULT_DATA)
+    """The ratings at ``data``, or ML-100k's (``sketchrec.paths``)."""
+    ratings, _ = read_ratings(ml100k(data))
     return ratings
-
-
-def n_ids(ratings: Ratings) -> int:
-    return len(np.unique(ratings.users)) + len(np.unique(ratings.items))
 
 
 def mean_correct(train: Ratings, *others: Ratings) -> list[Ratings]:

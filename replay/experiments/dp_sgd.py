@@ -13,16 +13,16 @@ import json
 import math
 from pathlib import Path
 
+from sketchrec.data import read_ratings
 from sketchrec.models import SketchMF
 from sketchrec.models.dp_sgd import DPConfig
+from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
+from sketchrec.paths import ml100k
 from sketchrec.privacy.accounting import PrivacyLedger
-from sketchrec.replay.cli import DEFAULTS, DP_DEFAULTS
 from sketchrec.replay.protocols import holdout
-from sketchrec.data import read_ratings
 
 NAME = "dp-sgd"
 DESCRIPTION = "DP-SGD on the sketch: holdout RMSE for epsilon in {0.5,1,2,4,8,inf}, rating and user level"
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k" / "u.data"
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 DELTA = 1e-5
 USER_CAP = 20
@@ -47,17 +47,18 @@ def _private_run(ratings, capacity: int, epsilon: float, epochs: int, unit: str 
 
 def run(data: Path | None, out: Path, quick: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    ratings, _ = read_ratings(data or DEFAULT_DATA)
+    path = ml100k(data)
+    ratings, _ = read_ratings(path)
     epochs = 2 if quick else 20
     epsilons = (1.0, math.inf) if quick else EPSILONS
-    capacity = len(set(ratings.users.tolist())) + len(set(ratings.items.tolist()))
+    capacity = ratings.n_ids()
     baseline = SketchMF(dim=DEFAULTS["dim"], lr=DEFAULTS["lr"], reg=DEFAULTS["reg"],
                         bias_reg=DEFAULTS["bias_reg"], capacity=capacity, seed=1)
     base = holdout(baseline, ratings, 0.2, epochs, seed=1)
     rows = [_private_run(ratings, capacity, eps, epochs) for eps in epsilons]
     user_rows = [_private_run(ratings, capacity, eps, epochs, unit="user", batch=5000, lr=0.003)
                  for eps in ((8.0,) if quick else (8.0, math.inf))]
-    result = {"data": str(data or DEFAULT_DATA), "protocol": "holdout 0.2, seed 1", "epochs": epochs,
+    result = {"data": str(path), "protocol": "holdout 0.2, seed 1", "epochs": epochs,
               "delta": DELTA, "user_cap": USER_CAP, "quick": quick,
               "non_private": {"rmse": base["rmse"], "kld": base["kld"], "dim": DEFAULTS["dim"],
                               "lr": DEFAULTS["lr"]},

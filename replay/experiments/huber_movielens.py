@@ -20,9 +20,9 @@ import numpy as np
 from sketchrec.models import SketchMF
 from sketchrec.models.batch_private import HuberIRLS, NoisyALS
 from sketchrec.models.dp_sgd import DPConfig
+from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.mechanisms import Gaussian, Huber, Laplace
-from sketchrec.replay.cli import DEFAULTS, DP_DEFAULTS
 from sketchrec.replay.experiments.common import load, write
 from sketchrec.replay.protocols import holdout, split_holdout
 
@@ -53,7 +53,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
 
     rows = {"ALS": {"none": als()}, "IRLS": {"none": irls_fit()}}
     dp = {}
-    capacity = len(np.unique(ratings.users)) + len(np.unique(ratings.items))
+    capacity = ratings.n_ids()
     for eps in epsilons:
         rows["ALS"][f"gaussian@{eps:g}"] = als(Gaussian(epsilon=eps, delta=1e-5, sensitivity=DELTA_F))
         rows["IRLS"][f"laplace@{eps:g}"] = irls_fit(Laplace(epsilon=eps, sensitivity=DELTA_F))

@@ -28,7 +28,7 @@ import numpy as np
 from sketchrec.stream.checkpoint import CheckpointStore
 from sketchrec.stream.kafka.messages import dead_letter, parse_message
 from sketchrec.stream.serving.recommender import Recommender
-from sketchrec.stream.serving.service import LearningService
+from sketchrec.stream.serving.service import LearningService, NoCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -182,14 +182,15 @@ def _ids(values: list) -> np.ndarray:
     return np.asarray([str(v) for v in values], dtype=object)
 
 
-def resume_or_create(checkpoint_dir, make_model, model_classes: dict, pair_capacity: int,
-                     seed: int = 0) -> LearningService:
-    """The service from the newest valid checkpoint, or a fresh one if there is none."""
-    store = CheckpointStore(checkpoint_dir)
-    ckpt = store.latest()
-    if ckpt is None:
-        return LearningService(Recommender(make_model(), pair_capacity=pair_capacity, seed=seed), store)
-    model_cls = model_classes[ckpt.meta["model_class"]]
-    service = LearningService(Recommender.from_parts(ckpt.parts, model_cls), store, model_cls=model_cls)
-    service._adopt(ckpt)
-    return service
+def resume_or_create(checkpoint_dir, make_model, *, pair_capacity: int,
+                     model_classes: dict | None = None, seed: int = 0, monitor=None,
+                     debias_ldp: bool = False) -> LearningService:
+    """The service continuing from the newest valid checkpoint (``LearningService.from_checkpoint``),
+    or a fresh one around ``make_model()`` if there is none, whose Bloom filter of seen pairs is
+    sized for ``pair_capacity`` ratings. ``monitor`` and ``debias_ldp`` as for ``LearningService``."""
+    try:
+        return LearningService.from_checkpoint(checkpoint_dir, model_classes, read_only=False,
+                                               monitor=monitor, debias_ldp=debias_ldp)
+    except NoCheckpoint:
+        recommender = Recommender(make_model(), pair_capacity=pair_capacity, seed=seed, monitor=monitor)
+        return LearningService(recommender, CheckpointStore(checkpoint_dir), debias_ldp=debias_ldp)

@@ -240,7 +240,8 @@ class Recommender:
                                        "popular": [i for i, _ in self.popularity.most_common()]}).encode()}
 
     @classmethod
-    def from_parts(cls, parts: dict[str, bytes], model_cls, refresh_s: float = 1.0) -> "Recommender":
+    def from_parts(cls, parts: dict[str, bytes], model_cls, refresh_s: float = 1.0,
+                   monitor=None) -> "Recommender":
         rec = cls.__new__(cls)
         rec.model = model_cls.from_bytes(parts["model"])
         rec.pairs_seen = BloomFilter.from_bytes(parts["pairs_seen"])
@@ -255,7 +256,7 @@ class Recommender:
         if serving["catalogue"]:
             cat = np.array(serving["catalogue"], dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
-        rec.monitor = None
+        rec.monitor = monitor
         rec.index_threshold, rec.index_shortlist = 20_000, 0.1
         rec._init_runtime(refresh_s)
         return rec

@@ -1,4 +1,4 @@
-"""A learning service: the recommender, its counters, checkpoints, and a uvicorn server thread."""
+"""A learning service: the recommender, the figures about its learning, and its checkpoints."""
 
 from __future__ import annotations
 
@@ -8,22 +8,35 @@ from collections import Counter
 from pathlib import Path
 
 from sketchrec.models.metrics import ErrorStats
+from sketchrec.models.registry import MODELS
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.ldp import LDPSettings
 from sketchrec.privacy.report import privacy_figures
-from sketchrec.stream.checkpoint import CheckpointStore, operator_parts, restore_operator_parts
+from sketchrec.stream.checkpoint import (Checkpoint, CheckpointStore, operator_parts,
+                                         restore_operator_parts)
 from sketchrec.stream.serving.recommender import Recommender
+
+
+class NoCheckpoint(FileNotFoundError):
+    """The checkpoint directory holds no valid checkpoint."""
 
 
 class LearningService:
     """What the live endpoint reads: the recommender and the figures about its learning.
 
+    Built complete: ``ledger`` is the DP-SGD model's ``PrivacyLedger`` (None: nothing accounted
+    yet), ``audit`` a canary audit's result, ``debias_ldp`` maps predictions back through the
+    mean of the local-DP mechanism the stream's headers name (``privacy.ldp``), and ``restored``
+    a checkpoint whose counters, offsets, ledger and LDP origin the service continues from (use
+    ``from_checkpoint`` or ``kafka.consumer.resume_or_create`` rather than passing it yourself).
     ``read_only`` services (``sketchrec serve --checkpoint DIR``) never learn; they reload the
     newest checkpoint when a newer one appears.
     """
 
-    def __init__(self, recommender: Recommender, checkpoints: CheckpointStore | None = None,
-                 read_only: bool = False, model_cls=None):
+    def __init__(self, recommender: Recommender, checkpoints: CheckpointStore | None = None, *,
+                 read_only: bool = False, model_cls: type | None = None,
+                 ledger: PrivacyLedger | None = None, audit: dict | None = None,
+                 debias_ldp: bool = False, restored: Checkpoint | None = None):
         self.recommender = recommender
         self.checkpoints = checkpoints
         self.read_only = read_only
@@ -33,13 +46,18 @@ class LearningService:
         self.offsets: dict = {}       # partition (str) -> next offset to consume
         self.started = time.time()
         self.last_checkpoint: dict | None = None
-        self.audit: dict | None = None  # the last canary audit's result, if any
-        self.ledger = None              # privacy.accounting.PrivacyLedger of a DP-SGD model
+        self.audit = audit
+        self.ledger = ledger
         self.budget_stopped = False     # learning refused: the privacy budget is spent
         self.origin = {"perturbed_on_device": 0, "raw": 0, "mechanism": None}  # local DP (headers)
-        self.debias_ldp = False         # map predictions back through the LDP mean (privacy.ldp)
+        self.debias_ldp = debias_ldp
         self._lock = threading.Lock()
         self._rate = (time.perf_counter(), 0)  # for ratings/s between two reads of stats
+        if restored is not None:
+            if ledger is not None:
+                raise ValueError("a restored service takes its ledger from the checkpoint")
+            self._adopt(restored)
+        self.apply_ldp_debias()  # from the mechanism a restored checkpoint recorded, if any
 
     @property
     def ratings_learned(self) -> int:
@@ -96,7 +114,13 @@ class LearningService:
             self.origin["mechanism"] = mechanism
             self.apply_ldp_debias()
 
+    def record_audit(self, audit: dict | None) -> None:
+        """The canary audit's result: it reads the trained model, so it exists only once
+        learning has ended (after construction); /privacy reports it from then on."""
+        self.audit = audit
+
     def apply_ldp_debias(self) -> None:
+        """With ``debias_ldp``: map predictions back through the recorded mechanism's mean."""
         mech = self.origin["mechanism"]
         if self.debias_ldp and mech and mech["mechanism"] == "BoundedLaplace":
             from sketchrec.privacy.ldp import Debias
@@ -138,18 +162,22 @@ class LearningService:
             return self.last_checkpoint
 
     @classmethod
-    def from_checkpoint(cls, directory: str | Path, model_classes: dict) -> "LearningService":
+    def from_checkpoint(cls, directory: str | Path, model_classes: dict | None = None, *,
+                        read_only: bool = True, monitor=None,
+                        debias_ldp: bool = False) -> "LearningService":
+        """The service continuing from the newest valid checkpoint in ``directory`` (NoCheckpoint
+        when there is none). ``model_classes`` maps the recorded class name to the class
+        (default ``models.registry.MODELS``); ``monitor`` is fed by what it learns from now on
+        (a monitor's reservoir is never checkpointed)."""
         store = CheckpointStore(directory)
         ckpt = store.latest()
         if ckpt is None:
-            raise FileNotFoundError(f"no valid checkpoint in {directory}")
-        model_cls = model_classes[ckpt.meta["model_class"]]
-        service = cls(Recommender.from_parts(ckpt.parts, model_cls), store, read_only=True,
-                      model_cls=model_cls)
-        service._adopt(ckpt)
-        return service
+            raise NoCheckpoint(f"no valid checkpoint in {directory}")
+        model_cls = (model_classes or MODELS)[ckpt.meta["model_class"]]
+        return cls(Recommender.from_parts(ckpt.parts, model_cls, monitor=monitor), store,
+                   read_only=read_only, model_cls=model_cls, debias_ldp=debias_ldp, restored=ckpt)
 
-    def _adopt(self, ckpt) -> None:
+    def _adopt(self, ckpt: Checkpoint) -> None:
         restore_operator_parts(self.recommender.model, ckpt.parts)
         self.offsets = dict(ckpt.meta.get("offsets", {}))
         self.skipped = Counter(ckpt.meta.get("skipped", {}))
@@ -171,30 +199,3 @@ class LearningService:
         self.recommender = Recommender.from_parts(ckpt.parts, self.model_cls)  # one reference swap
         self._adopt(ckpt)
         return True
-
-
-class ServerThread:
-    """uvicorn serving an app from a daemon thread, started and stopped from the caller's thread."""
-
-    def __init__(self, app, host: str, port: int):
-        import uvicorn
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True, name="http")
-
-    def start(self, timeout: float = 10.0) -> "ServerThread":
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("HTTP server failed to start (is the port free?)")
-            time.sleep(0.02)
-        return self
-
-    @property
-    def port(self) -> int:
-        return self.server.servers[0].sockets[0].getsockname()[1]
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)

@@ -1,0 +1,189 @@
+"""Frozen settings built from parsed options, with the defaults that depend on the training mode
+resolved here (the argparse Namespace is never changed), and the objects they describe."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
+from sketchrec.replay.cli.options import parse_host_port, parse_range
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """DP-SGD's options. ``enabled`` when one of --dp-epsilon, --dp-noise, --sgld-dp is given; the
+    unit and delta also account a pass of a private model resumed from a checkpoint."""
+
+    epsilon: float | None = None
+    noise: float | None = None
+    sgld_temperature: float | None = None
+    delta: float = DP_DEFAULTS["delta"]
+    clip: float = DP_DEFAULTS["clip"]
+    batch: int = DP_DEFAULTS["batch"]
+    unit: str = "rating"
+    user_cap: int | None = None
+    rating_range: tuple[float, float] = (0.5, 5.0)
+    budget: float | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "DPSettings":
+        return cls(args.dp_epsilon, args.dp_noise, args.sgld_dp, args.dp_delta, args.dp_clip,
+                   args.dp_batch, args.dp_unit, args.dp_user_cap, parse_range(args.dp_range),
+                   args.budget_epsilon)
+
+    @property
+    def enabled(self) -> bool:
+        return any(x is not None for x in (self.epsilon, self.noise, self.sgld_temperature))
+
+    @property
+    def target(self) -> float | None:
+        """The epsilon epoch training must calibrate to (None: the noise was given, or no noise)."""
+        return None if self.epsilon is None or math.isinf(self.epsilon) else self.epsilon
+
+    def config(self, *, stream: bool, depth: int, lr: float):
+        """The model's ``DPConfig``. With --dp-epsilon and ``stream`` (one pass) the noise
+        multiplier is calibrated here; for epoch training it is calibrated by
+        ``train_private_epochs`` once the (capped) training set, hence q and the steps, are known."""
+        from sketchrec.models.dp_sgd import DPConfig
+        from sketchrec.privacy.calibration import sgld_noise_multiplier, stream_noise_multiplier
+        if self.unit == "user" and not self.user_cap:
+            raise SystemExit("--dp-unit user needs --dp-user-cap M")
+        factor = 1 if self.unit == "rating" else self.user_cap
+        mode = "dp-sgd"
+        if self.noise is not None:
+            sigma = self.noise
+        elif self.sgld_temperature is not None:  # the SGLD kernel's cell noise, as a multiplier
+            sigma, mode = sgld_noise_multiplier(depth, self.sgld_temperature, lr, self.clip), "sgld-dp"
+        elif math.isinf(self.epsilon) or not stream:
+            sigma = 0.0
+        else:
+            sigma = stream_noise_multiplier(self.epsilon, self.delta, factor)
+        return DPConfig(noise_multiplier=sigma, clip=self.clip, batch_size=self.batch, unit=self.unit,
+                        user_cap=self.user_cap, rating_range=self.rating_range, mode=mode)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The learner: its kind (sketch, dense, river) and hyper-parameters, DP defaults resolved."""
+
+    kind: str
+    dim: int
+    lr: float
+    reg: float
+    depth: int = DEFAULTS["depth"]
+    width: int | None = None
+    space_gain: float = DEFAULTS["space_gain"]
+    heavy_fraction: float | None = None
+    light_dim: int | None = None
+    bias_reg: float = DEFAULTS["bias_reg"]
+    init_std: float = DEFAULTS["init_std"]
+    sgld: float | None = None
+    clip_loss: float | None = None
+    seed: int = 0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, private: bool) -> "ModelSettings":
+        tuned = DP_DEFAULTS if private else DEFAULTS
+
+        def given(name: str):
+            value = getattr(args, name)
+            return tuned[name] if value is None else value
+
+        return cls(args.model, given("dim"), given("lr"), given("reg"), args.depth, args.width,
+                   args.space_gain, args.heavy_fraction, args.light_dim, args.bias_reg, args.init_std,
+                   args.sgld, args.clip_loss, args.seed)
+
+    def build(self, capacity: int, dp=None, prog: str = "replay"):
+        """The model, sized for ``capacity`` distinct users + items; its own option checks end the
+        command with a one-line message."""
+        common = dict(dim=self.dim, lr=self.lr, reg=self.reg, init_std=self.init_std, seed=self.seed)
+        if self.kind == "river":
+            from sketchrec.models.river_adapters import RiverBiasedMF
+            return RiverBiasedMF(**common)
+        extra = dict(bias_reg=self.bias_reg, sgld_temperature=self.sgld, clip_loss=self.clip_loss)
+        if self.kind == "dense":
+            from sketchrec.models import DenseMF
+            return DenseMF(**common, **extra)
+        from sketchrec.models import SketchMF
+        try:
+            return SketchMF(depth=self.depth, width=self.width, space_gain=self.space_gain,
+                            capacity=capacity, dp=dp, heavy_fraction=self.heavy_fraction,
+                            light_dim=self.light_dim, **common, **extra)
+        except ValueError as exc:
+            raise SystemExit(f"{prog}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    enabled: bool = True
+    window: int = 20_000
+    alert: float | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "MonitorSettings":
+        return cls(not args.no_monitor, args.kld_window, args.kld_alert)
+
+    def build(self, seed: int):
+        """The streaming privacy monitor, or None when turned off."""
+        if not self.enabled:
+            return None
+        from sketchrec.privacy.monitor import PrivacyMonitor
+        return PrivacyMonitor(window=self.window, alert_kld=self.alert, seed=seed)
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    listen: tuple[str, int] | None = None   # --serve HOST:PORT
+    admin_token: str | None = None
+    checkpoint: Path | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ServingSettings":
+        return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token, args.checkpoint)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Everything `replay` was asked for."""
+
+    path: str | None
+    order: str
+    speed: float | None        # multiple of real time; None: as fast as possible
+    quiet: bool
+    json: bool
+    holdout: float | None
+    epochs: int
+    seed: int
+    batch_size: int
+    audit_canaries: int
+    ldp_epsilon: float | None
+    ldp_range: tuple[float, float]
+    ldp_debias: bool
+    synthetic: tuple[int, int, int]   # ratings, users, items
+    model: ModelSettings
+    dp: DPSettings
+    monitor: MonitorSettings
+    serving: ServingSettings
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ReplayConfig":
+        dp = DPSettings.from_args(args)
+        return cls(args.path, args.order, _speed(args.speed), args.quiet, args.json, args.holdout,
+                   args.epochs, args.seed, args.batch_size, args.audit_canaries, args.ldp_epsilon,
+                   parse_range(args.ldp_range), args.ldp_debias,
+                   (args.synthetic_ratings, args.synthetic_users, args.synthetic_items),
+                   ModelSettings.from_args(args, dp.enabled), dp, MonitorSettings.from_args(args),
+                   ServingSettings.from_args(args))
+
+
+def _speed(text: str) -> float | None:
+    try:
+        speed = None if text == "max" else float(text)
+    except ValueError:
+        speed = -1.0
+    if speed is not None and not speed > 0:
+        raise SystemExit("replay: --speed must be 'max' or a positive number")
+    return speed

@@ -1,0 +1,128 @@
+"""`sketchrec consume`: learn from a Kafka topic of ratings, with exactly-once-in-state checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+from sketchrec.replay.cli.config import DPSettings, ModelSettings, MonitorSettings, ServingSettings
+from sketchrec.replay.cli.options import add_model_args, add_monitor_args, add_serving_args
+from sketchrec.replay.cli.serve import on_stop_signal, start_server
+
+PROG = "sketchrec consume"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description="Learn from a Kafka topic of "
+                                 "ratings, with exactly-once-in-state checkpoints (see README).")
+    ap.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--group", help="consumer group (without: all partitions, offsets in checkpoints only)")
+    ap.add_argument("--dead-topic", help="dead-letter topic (default: TOPIC.dead)")
+    ap.add_argument("--rating-range", default="0.5,5", metavar="L,U",
+                    help="ratings outside [L, U] are dead letters; 'none' accepts any finite rating")
+    ap.add_argument("--checkpoint-every", type=int, default=50_000, metavar="N",
+                    help="ratings (and dead letters) between checkpoints")
+    ap.add_argument("--checkpoint-seconds", type=float, default=30.0, metavar="T")
+    ap.add_argument("--exit-when-idle", type=float, metavar="S",
+                    help="stop (with a final checkpoint) after S seconds without messages")
+    ap.add_argument("--capacity", type=int, default=100_000,
+                    help="expected distinct users + items: sets the sketch width (with --space-gain)")
+    ap.add_argument("--expected-ratings", type=int, default=10_000_000,
+                    help="sizes the Bloom filter of seen (user, item) pairs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", choices=("sketch", "dense"), default="sketch")
+    add_model_args(ap)
+    add_monitor_args(ap)
+    add_serving_args(ap)
+    ap.add_argument("--ldp-debias", action="store_true",
+                    help="map predictions back through the mean of the local-DP mechanism the "
+                    "producer's message headers name (see README 'Local DP')")
+    return ap
+
+
+@dataclass(frozen=True)
+class ConsumeConfig:
+    """Everything `sketchrec consume` was asked for."""
+
+    bootstrap: str
+    topic: str
+    group: str | None
+    dead_topic: str | None
+    rating_range: tuple[float, float] | None   # None: any finite rating
+    checkpoint_every: int
+    checkpoint_seconds: float
+    exit_when_idle: float | None
+    capacity: int
+    expected_ratings: int
+    ldp_debias: bool
+    model: ModelSettings
+    dp: DPSettings
+    monitor: MonitorSettings
+    serving: ServingSettings
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, ap: argparse.ArgumentParser) -> "ConsumeConfig":
+        if args.checkpoint is None:
+            ap.error("--checkpoint DIR is required: it holds the model state and the offsets together")
+        try:
+            rating_range = (None if args.rating_range == "none"
+                            else tuple(float(x) for x in args.rating_range.split(",", 1)))
+        except ValueError:
+            ap.error("--rating-range takes L,U or 'none'")
+        dp = DPSettings.from_args(args)
+        if dp.enabled and args.model != "sketch":
+            ap.error("DP-SGD is implemented for the sketch model (--model sketch)")
+        return cls(args.bootstrap, args.topic, args.group, args.dead_topic, rating_range,
+                   args.checkpoint_every, args.checkpoint_seconds, args.exit_when_idle, args.capacity,
+                   args.expected_ratings, args.ldp_debias, ModelSettings.from_args(args, dp.enabled), dp,
+                   MonitorSettings.from_args(args), ServingSettings.from_args(args))
+
+
+def open_service(config: ConsumeConfig):
+    """The service resumed from the newest checkpoint, or a fresh one; with the monitor (in
+    memory only: its reservoir of learned ratings is never checkpointed) and LDP debiasing."""
+    from sketchrec.stream.kafka.consumer import resume_or_create
+    settings = config.model
+    dp = config.dp.config(stream=True, depth=settings.depth, lr=settings.lr) if config.dp.enabled else None
+    return resume_or_create(config.serving.checkpoint, lambda: settings.build(config.capacity, dp, PROG),
+                            pair_capacity=config.expected_ratings, seed=settings.seed,
+                            monitor=config.monitor.build(settings.seed), debias_ldp=config.ldp_debias)
+
+
+def consume_main(argv: list[str] | None = None) -> int:
+    from kafka.errors import KafkaError
+
+    from sketchrec.stream.kafka.consumer import KafkaLearner
+    ap = build_parser()
+    config = ConsumeConfig.from_args(ap.parse_args(argv), ap)
+    service = open_service(config)
+    # a DP model (new, or as its checkpoint was built) accounts this pass before learning from
+    # it, and the pass is made durable first: a crash can never lose it from the ledger
+    if not service.begin_private_pass(config.dp.unit, config.dp.delta, config.dp.budget):
+        print(f"{PROG}: one more pass would spend more than --budget-epsilon "
+              f"{config.dp.budget}; serving without learning", file=sys.stderr)
+    if service.ledger is not None:
+        service.checkpoint()
+    try:
+        learner = KafkaLearner(service, config.bootstrap, config.topic, config.group, config.dead_topic,
+                               config.rating_range, config.checkpoint_every, config.checkpoint_seconds)
+    except (KafkaError, RuntimeError) as exc:
+        print(f"{PROG}: cannot consume {config.topic!r} from {config.bootstrap}: {exc} (nothing was "
+              f"learned; the checkpoint in {config.serving.checkpoint} is untouched)", file=sys.stderr)
+        return 2
+    serving = config.serving
+    server = start_server(service, serving.listen, serving.admin_token) if serving.listen else None
+    on_stop_signal(learner.stop.set)
+    print(f"consuming {config.topic} from {config.bootstrap}; resumed at {service.ratings_learned:,} "
+          f"ratings, offsets {service.offsets}", file=sys.stderr, flush=True)
+    learner.run(idle_exit=config.exit_when_idle)
+    stats = service.stats()
+    print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "checkpoint",
+                                               "prequential_rmse")}, "privacy": service.privacy()},
+                     default=float), flush=True)
+    if server is not None:
+        server.stop()
+    return 0

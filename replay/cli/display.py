@@ -1,0 +1,66 @@
+"""What replay shows a person: a live progress bar on stderr and the summary of the result."""
+
+from __future__ import annotations
+
+
+class ProgressBar:
+    """A rich progress bar on stderr with live RMSE and ratings/s (or nothing when quiet)."""
+
+    def __init__(self, total: int, quiet: bool, label: str):
+        self.progress = None
+        if not quiet:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("RMSE {task.fields[rmse]:.4f}"),
+                                     TextColumn("{task.fields[rate]:,.0f} ratings/s"), TimeElapsedColumn(),
+                                     console=Console(stderr=True), transient=False)
+            self.task = self.progress.add_task(label, total=total, rmse=float("nan"), rate=0.0)
+
+    def __enter__(self):
+        if self.progress:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.progress.stop()
+
+    def __call__(self, done: int, rmse: float, rate: float) -> None:
+        if self.progress:
+            self.progress.update(self.task, completed=done, rmse=rmse, rate=rate)
+
+
+def summary(result: dict) -> str:
+    """The human report of a replay result (the JSON line carries every number)."""
+    p = result["params"]
+    lines = [
+        f"sketchrec replay — {result['source']} ({result['protocol']}, model={result['model']})",
+        f"  ratings learned   {result['ratings']:,}"
+        + (f"  (train {result['train']:,} / test {result['test']:,}, {result['epochs']} epochs)"
+           if result["protocol"] == "holdout" else f"  (order: {result['order']})"),
+        f"  RMSE / MAE        {result['rmse']:.4f} / {result['mae']:.4f}",
+        f"  time              {result['seconds']:.2f} s  ({result['throughput_per_s']:,.0f} ratings/s)",
+        f"  model memory      {result['model_bytes'] / 1e6:.2f} MB  (process RSS {result['rss_mb']:.0f} MB)",
+        f"  parameters        d={p['dim']} lr={p['lr']} reg={p['reg']}"
+        + (f" k={p['depth']} w={p['width']} gamma={p['space_gain']}" if "depth" in p else ""),
+        *([f"  heavy filter      {p['heavy_used']:,} of {p['heavy_slots']:,} slots "
+           f"({p['heavy_fraction']:g} of the memory); other ids keep {p['light_dim']} of "
+           f"{p['dim']} components in the sketch"] if p.get("heavy_slots") else []),
+    ]
+    priv = result["privacy"]
+    if priv.get("epsilon") is not None:
+        lines.append(f"  guarantee         epsilon {priv['epsilon']:.4g}"
+                     + (f", delta {priv['delta']:g}" if priv.get("delta") else "")
+                     + f" per {priv['privacy_unit']} — "
+                     + ("proven upper bound" if priv["proven_bound"] else "heuristic, not a proven bound"))
+    lines.append(f"  privacy           mode {priv['mode']}; KLD "
+                 + (f"{result['kld']:.4f}" if result.get("kld") is not None else "n/a")
+                 + " (eq. 4.15, heuristic)"
+                 + (f"; canary audit epsilon >= {priv['audit_epsilon_lower_bound']:.2f} (95%)"
+                    if "audit" in priv else ""))
+    if result["skipped_total"]:
+        lines.append(f"  malformed lines   {result['skipped_total']:,} set aside: "
+                     + ", ".join(f"{r}: {c}" for r, c in result["skipped"].items()))
+        lines += [f"    line {e['line']}: {e['reason']}: {e['text']!r}" for e in result["skipped_examples"]]
+    return "\n".join(lines)

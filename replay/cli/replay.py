@@ -1,0 +1,296 @@
+"""`replay`: a ratings file (or the built-in synthetic stream) replayed as a stream into an online
+learner, reporting its accuracy, speed, memory and privacy figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+import numpy as np
+
+from sketchrec.data import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
+from sketchrec.replay.cli.config import ReplayConfig
+from sketchrec.replay.cli.display import ProgressBar, summary
+from sketchrec.replay.cli.options import add_model_args, add_monitor_args, add_serving_args
+from sketchrec.replay.cli.serve import serve_until_interrupted, start_server
+
+if TYPE_CHECKING:  # the run's parts, imported when a command needs them
+    from sketchrec.models.dp_sgd import DPConfig
+    from sketchrec.privacy.accounting import PrivacyLedger
+    from sketchrec.privacy.audit import Canaries
+    from sketchrec.privacy.monitor import PrivacyMonitor
+    from sketchrec.stream.serving.service import LearningService
+
+SYNTHETIC = {"ratings": 500_000, "users": 10_000, "items": 3_000}
+RSS_EVERY = 1_000_000  # ratings between two samples of the process's resident memory
+
+
+def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog, description="Replay a ratings file (or the built-in synthetic stream) as a stream "
+        "into an online recommender and report its accuracy and speed.")
+    ap.add_argument("path", nargs="?", help="ratings file: MovieLens ratings.csv, ml-100k u.data or "
+                    "ml-1m/10m ratings.dat (auto-detected); omitted: the synthetic stream")
+    ap.add_argument("--order", choices=("time", "file", "shuffle"), default="time")
+    ap.add_argument("--speed", default="max", help="'max', or X = multiple of real time (timestamps)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object of results")
+    ap.add_argument("--holdout", type=float, metavar="F", help="holdout protocol: test fraction F")
+    ap.add_argument("--epochs", type=int, default=20, help="epochs of the holdout protocol")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", choices=("sketch", "dense", "river"), default="sketch")
+    add_model_args(ap)
+    ap.add_argument("--batch-size", type=int, default=10_000)
+    add_monitor_args(ap)
+    ap.add_argument("--audit-canaries", type=int, metavar="M", default=0,
+                    help="one-run canary audit: M canary ratings, each trained on with probability 1/2")
+    ap.add_argument("--ldp-epsilon", type=float, metavar="E",
+                    help="holdout only: perturb each training rating with Bounded Laplace, as a "
+                    "device would (test ratings stay raw)")
+    ap.add_argument("--ldp-range", default="1,5", metavar="L,U", help="rating range of --ldp-epsilon")
+    ap.add_argument("--ldp-debias", action="store_true",
+                    help="map predictions back through the mechanism's mean (undo its centre bias)")
+    ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
+    ap.add_argument("--synthetic-users", type=int, default=SYNTHETIC["users"])
+    ap.add_argument("--synthetic-items", type=int, default=SYNTHETIC["items"])
+    add_serving_args(ap)
+    return ap
+
+
+def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
+    args = build_parser(prog).parse_args(argv)
+    if args.path and not Path(args.path).is_file():
+        print(f"{prog}: no such file: {args.path}", file=sys.stderr)
+        return 2
+    config = ReplayConfig.from_args(args)
+    run = prepare(config)
+    server = None
+    if config.serving.listen:
+        server = start_server(run.service, config.serving.listen, config.serving.admin_token)
+    result = execute(run)
+    if server is not None:
+        result["serving"] = server.url
+    print(summary(result))
+    if config.json:
+        print(json.dumps(result, default=float), flush=True)
+    if server is not None:
+        print(f"replay finished; still serving {server.url} until interrupted (Ctrl-C)",
+              file=sys.stderr, flush=True)
+        serve_until_interrupted(server)
+    return 0
+
+
+@dataclass
+class Source:
+    """The ratings to replay: the whole file (None for the synthetic stream), as batches."""
+
+    data: Ratings | None
+    batches: Iterable[Ratings]
+    capacity: int      # distinct users + items: sizes the sketch
+    total: int
+    name: str
+    report: ParseReport
+
+
+def open_source(config: ReplayConfig) -> Source:
+    if not config.path:
+        n_ratings, n_users, n_items = config.synthetic
+        synth = SyntheticStream(n_ratings, n_users, n_items, seed=config.seed)
+        return Source(None, synth.batches(config.batch_size), synth.n_users + synth.n_items,
+                      synth.n_ratings, "synthetic", ParseReport())
+    data, report = read_ratings(config.path)
+    if len(data) == 0:
+        raise SystemExit(f"replay: no valid ratings in {config.path}")
+    if config.holdout is None:  # a holdout split depends on the data set and seed only
+        data = order_ratings(data, config.order, config.seed)
+    batches = data.batches(config.batch_size if config.speed is None else 100)
+    return Source(data, batches, data.n_ids(), len(data), str(config.path), report)
+
+
+@dataclass
+class Run:
+    """Everything one replay uses, built complete before the first rating is learned."""
+
+    config: ReplayConfig
+    source: Source
+    model: object        # SketchMF, DenseMF or RiverBiasedMF
+    learner: object      # the model itself, the service's recommender, or the model Monitored
+    monitor: PrivacyMonitor | None
+    dp: DPConfig | None
+    ledger: PrivacyLedger | None
+    canaries: Canaries | None
+    service: LearningService | None
+
+
+def prepare(config: ReplayConfig) -> Run:
+    """Check the options against each other and build the source, model, ledger and service."""
+    source = open_source(config)
+    settings = config.model
+    if config.serving.checkpoint and settings.kind == "river":
+        raise SystemExit("replay: --checkpoint needs a sketchrec model (sketch or dense)")
+    stream = config.holdout is None
+    if config.ldp_epsilon is not None and stream:
+        raise SystemExit("replay: --ldp-epsilon is simulated in the holdout protocol (--holdout F); "
+                         "for a stream, use `sketchrec produce --ldp-epsilon`")
+    canaries = None
+    if config.audit_canaries:
+        from sketchrec.privacy.audit import Canaries
+        canaries = Canaries.make(config.audit_canaries, seed=config.seed + 7)
+    dp, ledger = None, None
+    if config.dp.enabled:
+        if settings.kind != "sketch":
+            raise SystemExit("replay: DP-SGD is implemented for the sketch model (--model sketch)")
+        dp = config.dp.config(stream=stream, depth=settings.depth, lr=settings.lr)
+        if dp.noise_multiplier > 0 or config.dp.target:
+            from sketchrec.privacy.accounting import PrivacyLedger
+            ledger = PrivacyLedger(config.dp.unit, config.dp.delta)
+    model = settings.build(source.capacity, dp)
+    if ledger is not None and stream and not ledger.begin_pass(dp.stream_multiplier(), config.dp.budget):
+        raise SystemExit(f"replay: one pass at noise multiplier {dp.noise_multiplier:.4g} would "
+                         f"spend more than --budget-epsilon {config.dp.budget}")
+    # the streaming monitor reads prequential errors: meaningful in one pass only (holdout
+    # reports the thesis's train/test KLD instead)
+    monitor = config.monitor.build(config.seed) if stream else None
+    learner, service = model, None
+    if config.serving.listen or config.serving.checkpoint:
+        service = make_service(model, source, config, monitor, ledger)
+        learner = service.recommender
+    elif monitor is not None:
+        from sketchrec.stream.serving.recommender import Monitored
+        learner = Monitored(model, monitor)
+    return Run(config, source, model, learner, monitor, dp, ledger, canaries, service)
+
+
+def make_service(model, source: Source, config: ReplayConfig, monitor: PrivacyMonitor | None,
+                 ledger: PrivacyLedger | None) -> LearningService:
+    """The model wrapped for serving, sized for the stream, in a service that owns its ledger."""
+    from sketchrec.stream.checkpoint import CheckpointStore
+    from sketchrec.stream.serving.recommender import Recommender
+    from sketchrec.stream.serving.service import LearningService
+    recommender = Recommender(model, pair_capacity=max(source.total, 1000), seed=config.seed,
+                              monitor=monitor)
+    store = CheckpointStore(config.serving.checkpoint) if config.serving.checkpoint else None
+    service = LearningService(recommender, store, ledger=ledger)
+    service.record_skipped(source.report.skipped)
+    return service
+
+
+def execute(run: Run) -> dict:
+    """Learn (prequential or holdout), then the result: accuracy, speed, memory, privacy."""
+    config = run.config
+    rss: list[tuple[int, float]] = []
+    if config.holdout is not None:
+        result = _holdout(run)
+    else:
+        batches = run.source.batches
+        if run.canaries is not None:
+            batches = with_canaries(batches, run.canaries, run.source.total, config.seed)
+        with ProgressBar(run.source.total, config.quiet, f"{config.model.kind} prequential") as show:
+            from sketchrec.replay.protocols import prequential
+            result = prequential(run.learner, sample_rss(batches, run.source.total, rss), show,
+                                 config.speed)
+    return _finish(run, result, rss)
+
+
+def _holdout(run: Run) -> dict:
+    from sketchrec.replay.protocols import holdout
+    config, data = run.config, run.source.data
+    if data is None:
+        data = Ratings.concat(list(run.source.batches))
+    total = config.epochs * int(round(len(data) * (1 - config.holdout)))
+    with ProgressBar(total, config.quiet, f"{config.model.kind} holdout") as show:
+        extra = None
+        if run.canaries is not None:
+            users, items, ratings = run.canaries.training_part()
+            extra = Ratings(users, items, ratings, np.zeros(len(ratings), dtype=np.int64))
+        perturb, debias = None, None
+        if config.ldp_epsilon is not None:
+            from sketchrec.privacy.ldp import Debias, DeviceRandomiser
+            lo, hi = config.ldp_range
+            perturb = DeviceRandomiser(config.ldp_epsilon, lo, hi, seed=config.seed + 3).perturb
+            debias = Debias(config.ldp_epsilon, lo, hi) if config.ldp_debias else None
+        return holdout(run.learner, data, config.holdout, config.epochs, config.seed,
+                       config.batch_size, show, extra_train=extra, ledger=run.ledger,
+                       budget=config.dp.budget, target_epsilon=config.dp.target, perturb=perturb,
+                       predict_map=debias)
+
+
+def _finish(run: Run, result: dict, rss: list) -> dict:
+    from sketchrec.privacy.report import privacy_figures
+    config, model, report = run.config, run.model, run.source.report
+    result.update({
+        "model": config.model.kind, "source": run.source.name, "order": config.order,
+        "skipped": dict(report.skipped), "skipped_total": report.n_skipped,
+        "skipped_examples": [{"line": n, "reason": r, "text": t} for n, r, t in report.examples],
+        "model_bytes": int(model.nbytes), "rss_mb": round(rss_mb(), 1), "rss_samples": rss,
+        "params": _params(run),
+    })
+    audit = run.canaries.audit(model) if run.canaries is not None else None
+    if run.service is not None:
+        run.service.record_audit(audit)
+    holdout_kld = result.pop("kld", None)
+    result["privacy"] = privacy_figures(model, run.monitor, audit, run.ledger)
+    if run.dp is not None:
+        result["privacy"]["dp"] = {**model.dp.to_dict(), "budget_epsilon": config.dp.budget,
+                                   **result.pop("dp_training", {})}
+    result["kld"] = holdout_kld if holdout_kld is not None else result["privacy"].get("kld")
+    if run.service is not None and run.service.checkpoints is not None:
+        result["checkpoint"] = run.service.checkpoint()
+    return result
+
+
+def _params(run: Run) -> dict:
+    s, model = run.config.model, run.model
+    return {"dim": s.dim, "lr": s.lr, "reg": s.reg, "bias_reg": s.bias_reg, "init_std": s.init_std,
+            "seed": s.seed, "capacity": run.source.capacity,
+            **({"depth": s.depth, "width": model.width, "space_gain": s.space_gain,
+                "heavy_fraction": model.heavy_fraction, "heavy_slots": model.heavy.n_slots,
+                "heavy_used": model.heavy.n_used, "light_dim": model.light_dim}
+               if s.kind == "sketch" else {}),
+            **({"sgld": s.sgld, "clip_loss": s.clip_loss, "skipped_by_clip_loss": model.n_skipped_clip,
+                "skipped_diverged": model.n_skipped_diverged} if s.kind != "river" else {})}
+
+
+def with_canaries(batches: Iterable[Ratings], canaries, total: int, seed: int) -> Iterator[Ratings]:
+    """The stream with the included audit canaries inserted at random positions."""
+    users, items, ratings = canaries.training_part()
+    at = np.sort(np.random.default_rng(seed + 11).integers(0, max(total, 1), len(ratings)))
+    seen, c = 0, 0
+    for batch in batches:
+        end = seen + len(batch)
+        take = np.flatnonzero((at >= seen) & (at < end)) if c < len(at) else np.empty(0, dtype=np.int64)
+        if len(take):
+            pos = at[take] - seen  # insert each canary at its position; the stream keeps its order
+            stamp = batch.timestamps[np.minimum(pos, len(batch) - 1)] if len(batch) else np.zeros(len(take))
+            batch = Ratings(np.insert(batch.users.astype(object), pos, users[take]),
+                            np.insert(batch.items.astype(object), pos, items[take]),
+                            np.insert(batch.ratings, pos, ratings[take]),
+                            np.insert(batch.timestamps, pos, stamp))
+            c += len(take)
+        seen = end
+        yield batch
+
+
+def sample_rss(batches: Iterable[Ratings], total: int, into: list) -> Iterator[Ratings]:
+    """The batches unchanged; appends (ratings seen, resident MB) to ``into`` every RSS_EVERY
+    ratings and at the end."""
+    seen = 0
+    for batch in batches:
+        yield batch
+        before, seen = seen, seen + len(batch)
+        if seen // RSS_EVERY > before // RSS_EVERY or seen == total:
+            into.append((seen, round(rss_mb(), 1)))
+
+
+def rss_mb() -> float:
+    """The process's resident memory in MB (NaN where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
