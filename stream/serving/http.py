@@ -73,9 +73,8 @@ class _ServiceCollector:
             yield gauge
 
 
-def create_app(service: LearningService, admin_token: str | None = None,
-               privacy: Callable[[], dict] | None = None) -> FastAPI:
-    """The endpoint over a service. ``privacy`` returns the monitor's figures (None: all null)."""
+def create_app(service: LearningService, admin_token: str | None = None) -> FastAPI:
+    """The endpoint over a service; admin endpoints need ``admin_token`` (None: disabled)."""
     app = FastAPI(title="sketchrec", version="0.1.0",
                   description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
@@ -117,7 +116,7 @@ def create_app(service: LearningService, admin_token: str | None = None,
 
     @app.get("/privacy", summary="The privacy guarantee of the training mode and the monitor's figures")
     def privacy_figures() -> dict:
-        figures = privacy() if privacy else app.state.service.privacy()
+        figures = app.state.service.privacy()
         return {field: figures.get(field) for field in PRIVACY_FIELDS} | figures
 
     @app.get("/stats", summary="Learning counters, throughput, memory, checkpoint and offsets")
