@@ -15,11 +15,12 @@ True
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterable
+from typing import Callable
 
 import numpy as np
 from river.reco.base import Ranker
 
+from sketchrec.models.base import FactorizationModel
 from sketchrec.sketches.hashing import as_keys
 
 
@@ -56,22 +57,12 @@ class Wrapped(Ranker):
         out = self.model.predict_many(users, items, clip=clip)
         return out if self.predict_map is None else self.predict_map(out)
 
-    # river's reco.base.Ranker interface, through the hooks -----------------------------------------
-    def learn_one(self, user: Hashable, item: Hashable, y: float, x: dict | None = None) -> None:
-        self.learn_many([user], [item], [float(y)])
-
-    def predict_one(self, user: Hashable, item: Hashable, x: dict | None = None) -> float:
-        return float(self.predict_many([user], [item])[0])
-
-    def rank(self, user: Hashable, items: Iterable[Hashable], x: dict | None = None) -> list:
-        """Items by decreasing (mapped, unclipped) prediction for this user, scored in one batch."""
-        items = list(items)
-        if not items:
-            return []
-        ikeys = as_keys(items)
-        scores = self.predict_many(np.full(len(ikeys), as_keys(user)[0], dtype=np.uint64), ikeys,
-                                   clip=False)
-        return [items[n] for n in np.argsort(-scores, kind="stable")]
+    # river's reco.base.Ranker interface: the models' own verbs, which call this wrapper's batch
+    # methods, so that the hooks apply (rank orders by mapped, unclipped predictions)
+    learn_one = FactorizationModel.learn_one
+    predict_one = FactorizationModel.predict_one
+    rank = FactorizationModel.rank
+    score_items = FactorizationModel.score_items
 
     def __getattr__(self, name: str):
         if name == "model":  # not set yet (copy, unpickling): no recursion through the model

@@ -86,6 +86,12 @@ class ItemSnapshot:
     cost: float           # seconds the read took
 
 
+def _learner_hook(name: str, doc: str) -> property:
+    """A Recommender attribute that is its learner's (a ``Wrapped``) hook of that name."""
+    return property(lambda self: getattr(self.learner, name),
+                    lambda self, value: setattr(self.learner, name, value), doc=doc)
+
+
 class Recommender:
     """A learner plus the bounded structures that serving needs (see module docstring)."""
 
@@ -109,23 +115,10 @@ class Recommender:
         self.learning.set()  # cleared = paused
 
     # the learner's interface ------------------------------------------------------------------------
-    @property
-    def monitor(self):
-        """The privacy monitor fed every learned batch (``privacy.monitor.PrivacyMonitor``) or None."""
-        return self.learner.monitor
-
-    @monitor.setter
-    def monitor(self, monitor) -> None:
-        self.learner.monitor = monitor
-
-    @property
-    def debias(self):
-        """The map of every prediction for LDP-perturbed streams (``privacy.ldp.Debias``) or None."""
-        return self.learner.predict_map
-
-    @debias.setter
-    def debias(self, debias) -> None:
-        self.learner.predict_map = debias
+    monitor = _learner_hook("monitor", "The privacy monitor fed every learned batch "
+                            "(``privacy.monitor.PrivacyMonitor``) or None.")
+    debias = _learner_hook("predict_map", "The map of every prediction for LDP-perturbed streams "
+                           "(``privacy.ldp.Debias``) or None.")
 
     def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
         """Learn a batch (waits while paused) and record it for serving."""
