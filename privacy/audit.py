@@ -96,6 +96,25 @@ class Canaries:
 
 
 def is_canary(ids: np.ndarray) -> np.ndarray:
-    """Which ids are reserved canary ids (strings with the canary prefix)."""
+    """Which ids are reserved canary ids (strings with the canary prefix).
+
+    >>> is_canary(np.array(["__canary__u0", "alice", 7], dtype=object)).tolist()
+    [True, False, False]
+    """
     return np.fromiter((isinstance(x, str) and x.startswith(CANARY_PREFIX) for x in ids.tolist()),
                        dtype=bool, count=len(ids))
+
+
+def real_rows(ids: np.ndarray) -> np.ndarray | slice:
+    """The rows of a batch whose ids are not canaries, as an index: every row (``slice(None)``)
+    when no id can be one (numeric ids: the common case costs nothing), else a boolean mask. Both
+    serving and evaluation drop canary rows with it (canaries never show, never count).
+
+    >>> real_rows(np.array([3, 4]))
+    slice(None, None, None)
+    >>> real_rows(np.array(["__canary__u0", "alice"], dtype=object)).tolist()
+    [False, True]
+    """
+    if ids.dtype.kind not in "OU":
+        return slice(None)
+    return ~is_canary(ids)

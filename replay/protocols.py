@@ -15,7 +15,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from sketchrec.models.metrics import ErrorStats
-from sketchrec.privacy.audit import is_canary
+from sketchrec.models.wrapped import Wrapped
+from sketchrec.privacy.audit import real_rows
 from sketchrec.privacy.entropy import sampling_generator
 from sketchrec.privacy.leakage import kld_from_errors
 from sketchrec.data import Ratings
@@ -45,12 +46,8 @@ def prequential(model, batches: Iterable[Ratings], progress: Progress | None = N
     for batch in batches:
         t0_stream = _pace(batch, t0_stream, t0, speed)
         predictions = model.learn_many(batch.users, batch.items, batch.ratings)
-        if batch.users.dtype == object:  # audit canaries are not part of the reported accuracy
-            real = ~is_canary(batch.users)
-            predictions, truth = predictions[real], batch.ratings[real]
-        else:
-            truth = batch.ratings
-        errors.add(predictions, truth)
+        real = real_rows(batch.users)  # audit canaries are not part of the reported accuracy
+        errors.add(predictions[real], batch.ratings[real])
         if progress:
             progress(errors.n, errors.rmse, errors.n / max(time.perf_counter() - t0, 1e-9))
     seconds = time.perf_counter() - t0
@@ -138,19 +135,6 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
             "train_kept": len(train), "stopped_by_budget": allowed < planned}
 
 
-class _MappedPredictions:
-    """A learner whose predictions pass through a fixed map (post-processing)."""
-
-    def __init__(self, model, fn: Callable):
-        self.model, self.fn = model, fn
-
-    def predict_many(self, users, items, clip: bool = True):
-        return self.fn(self.model.predict_many(users, items, clip=clip))
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-
 def rmse_on(model, data: Ratings) -> float:
     errors = ErrorStats()
     errors.add(model.predict_many(data.users, data.items), data.ratings)
@@ -174,7 +158,7 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
     if perturb is not None:
         train = Ratings(train.users, train.items, perturb(train.ratings), train.timestamps)
     if predict_map is not None:
-        model = _MappedPredictions(model, predict_map)
+        model = Wrapped(model, predict_map=predict_map)
     t0 = time.perf_counter()
 
     def each_epoch(epoch: int, learned: int) -> None:

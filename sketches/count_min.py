@@ -156,6 +156,13 @@ class HeavyHitters:
         if len(self._tracked) > self.capacity:
             self._trim()
 
+    def track(self, ids) -> None:
+        """Follow these ids without counting them (e.g. the list saved beside a restored sketch)."""
+        ids = list(ids)
+        self._tracked.update(zip(ids, as_keys(np.array(ids, dtype=object)).tolist()))
+        if len(self._tracked) > self.capacity:
+            self._trim()
+
     def _trim(self) -> None:
         ids = list(self._tracked)
         counts = self.sketch.estimate_many(np.fromiter(self._tracked.values(), dtype=np.uint64,

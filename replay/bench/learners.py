@@ -22,7 +22,7 @@ from sketchrec.models.metrics import ErrorStats
 from sketchrec.models.river_adapters import RiverBiasedMF
 from sketchrec.privacy.monitor import PrivacyMonitor
 from sketchrec.replay.protocols import prequential
-from sketchrec.stream.serving.recommender import Monitored
+from sketchrec.models.wrapped import Wrapped
 from sketchrec.data import Ratings, order_ratings, read_ratings
 from sketchrec.replay.bench import PATH_HELP, data_file
 
@@ -89,7 +89,7 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     slow = min(len(data), slow_limit)
     learners = {
         "sketch_batch": (lambda: SketchMF(capacity=capacity, dim=dim), len(data)),
-        "sketch_batch_monitored": (lambda: Monitored(SketchMF(capacity=capacity, dim=dim), PrivacyMonitor()),
+        "sketch_batch_monitored": (lambda: Wrapped(SketchMF(capacity=capacity, dim=dim), PrivacyMonitor()),
                                    len(data)),
         "sketch_learn_one": (lambda: _OneByOne(SketchMF(capacity=capacity, dim=dim)), min(slow, 20_000)),
         "dense_batch": (lambda: DenseMF(dim=dim), len(data)),
@@ -98,7 +98,7 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     if vw_available():
         learners["vowpal_wabbit"] = (lambda: VowpalWabbitMF(dim=dim), slow)
     # compile outside the timings (the learner's kernels and the monitor's)
-    Monitored(SketchMF(capacity=10, dim=dim), PrivacyMonitor(window=2, reservoir=2, probe_every=1)).learn_many(
+    Wrapped(SketchMF(capacity=10, dim=dim), PrivacyMonitor(window=2, reservoir=2, probe_every=1)).learn_many(
         [1, 2, 3], [1, 2, 3], [3.0, 4.0, 5.0])
     results: dict = {"dim": dim, "ratings": len(data)}
     # the monitor's overhead is the median over alternating plain/monitored pairs: pairing cancels

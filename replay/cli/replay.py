@@ -119,7 +119,7 @@ class Run:
     config: ReplayConfig
     source: Source
     model: object        # SketchMF, DenseMF or RiverBiasedMF
-    learner: object      # the model itself, the service's recommender, or the model Monitored
+    learner: object      # the model itself, the service's recommender, or the model Wrapped with its monitor
     monitor: PrivacyMonitor | None
     dp: DPConfig | None
     ledger: PrivacyLedger | None
@@ -161,8 +161,8 @@ def prepare(config: ReplayConfig) -> Run:
         service = make_service(model, source, config, monitor, ledger)
         learner = service.recommender
     elif monitor is not None:
-        from sketchrec.stream.serving.recommender import Monitored
-        learner = Monitored(model, monitor)
+        from sketchrec.models.wrapped import Wrapped
+        learner = Wrapped(model, monitor)
     return Run(config, source, model, learner, monitor, dp, ledger, canaries, service)
 
 

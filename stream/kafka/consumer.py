@@ -27,6 +27,7 @@ import numpy as np
 
 from sketchrec.stream.checkpoint import CheckpointStore
 from sketchrec.stream.kafka.messages import dead_letter, parse_message
+from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.serving.recommender import Recommender
 from sketchrec.stream.serving.service import LearningService, NoCheckpoint
 
@@ -39,7 +40,9 @@ def kafka_config(bootstrap: str) -> dict:
 
 
 class KafkaLearner:
-    """The consume-learn-checkpoint loop around a ``LearningService``."""
+    """The consume-learn-checkpoint loop around a ``LearningService``. Where it stands in each
+    partition and when a checkpoint is due are ``self.book``'s (a ``kafka.offsets.OffsetBook``
+    over ``service.offsets``)."""
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str | None = None,
                  dead_topic: str | None = None, rating_range: tuple[float, float] | None = (0.5, 5.0),
@@ -50,7 +53,6 @@ class KafkaLearner:
         self.service, self.topic, self.group = service, topic, group
         self.dead_topic = dead_topic or f"{topic}.dead"
         self.rating_range = rating_range
-        self.checkpoint_every, self.checkpoint_seconds = checkpoint_every, checkpoint_seconds
         self.stop = threading.Event()
         from kafka import KafkaConsumer, KafkaProducer
         config = kafka_config(bootstrap)
@@ -59,8 +61,7 @@ class KafkaLearner:
             max_poll_records=max_poll_records, session_timeout_ms=6000, heartbeat_interval_ms=1000,
             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
         self.producer = KafkaProducer(**config, linger_ms=20, acks="all")
-        self._since_checkpoint = 0
-        self._last_checkpoint = time.monotonic()
+        self.book = OffsetBook(service.offsets, checkpoint_every, checkpoint_seconds)
         self.closing = False
         self._assign()
 
@@ -99,9 +100,8 @@ class KafkaLearner:
         raise RuntimeError(f"topic {self.topic!r} not found on the broker")
 
     def _seek(self, tps) -> None:
-        offsets = self.service.offsets
         for tp in tps:
-            known = offsets.get(str(tp.partition))
+            known = self.book.position(tp.partition)
             if known is not None:
                 self.consumer.seek(tp, known)
             elif not self.group:
@@ -120,9 +120,7 @@ class KafkaLearner:
                     last_data = time.monotonic()
                 elif idle_exit is not None and time.monotonic() - last_data > idle_exit:
                     break
-                if (self._since_checkpoint >= self.checkpoint_every
-                        or (self._since_checkpoint and time.monotonic() - self._last_checkpoint
-                            >= self.checkpoint_seconds)):
+                if self.book.expired():
                     self.checkpoint("interval")
         finally:
             self.checkpoint("shutdown")
@@ -146,7 +144,7 @@ class KafkaLearner:
                     users.append(u)
                     items.append(i)
                     ratings.append(r)
-            offsets[str(tp.partition)] = messages[-1].offset + 1
+            offsets[tp.partition] = messages[-1].offset + 1
         if ratings and self.service.budget_stopped:
             skipped["privacy budget spent"] += len(ratings)  # serving goes on; learning does not
             ratings = []
@@ -155,25 +153,23 @@ class KafkaLearner:
             predictions = self.service.recommender.learn_many(_ids(users), _ids(items), r)
             self.service.errors.add(predictions, r)
         self.service.record_skipped(skipped)
-        self.service.offsets.update(offsets)
-        self._since_checkpoint += len(ratings) + sum(skipped.values())
+        self.book.store(offsets, len(ratings) + sum(skipped.values()))
 
     def checkpoint(self, why: str, blocking_commit: bool = True) -> None:
         """Dead letters flushed, then state + offsets durable, then offsets committed."""
         self.producer.flush(timeout=30)
         written = self.service.checkpoint()
         log.info("checkpoint %s (%s): %d ratings learned", written["path"], why, written["ratings_learned"])
-        if self.group and self.service.offsets:
+        if self.group and self.book.offsets:
             from kafka import OffsetAndMetadata, TopicPartition
             assigned = {tp.partition for tp in self.consumer.assignment()}
-            commit = {TopicPartition(self.topic, int(p)): OffsetAndMetadata(off, "", -1)
-                      for p, off in self.service.offsets.items() if int(p) in assigned}
+            commit = {TopicPartition(self.topic, p): OffsetAndMetadata(off, "", -1)
+                      for p, off in self.book.to_commit(assigned).items()}
             if commit and blocking_commit:
                 self.consumer.commit(commit)
             elif commit:
                 self.consumer.commit_async(commit)
-        self._since_checkpoint = 0
-        self._last_checkpoint = time.monotonic()
+        self.book.checkpointed()
 
 
 def _ids(values: list) -> np.ndarray:

@@ -102,9 +102,8 @@ def resolve_access(service: LearningService, access) -> UserTokens | None:
     return UserTokens.from_env() if on else None
 
 
-def create_app(service: LearningService, admin_token: str | None = None,
-               privacy: Callable[[], dict] | None = None, access="auto") -> FastAPI:
-    """The endpoint over a service. ``privacy`` returns the monitor's figures (None: all null);
+def create_app(service: LearningService, admin_token: str | None = None, access="auto") -> FastAPI:
+    """The endpoint over a service; admin endpoints need ``admin_token`` (None: disabled) and
     ``access`` turns per-user access control on (see ``resolve_access``)."""
     tokens = resolve_access(service, access)
     app = FastAPI(title="sketchrec", version="0.1.0",
@@ -174,7 +173,7 @@ def create_app(service: LearningService, admin_token: str | None = None,
 
     @app.get("/privacy", summary="The privacy guarantee of the training mode and the monitor's figures")
     def privacy_figures() -> dict:
-        figures = privacy() if privacy else app.state.service.privacy()
+        figures = app.state.service.privacy()
         if central_dp(app.state.service.recommender.model):  # no exact figure on a released surface
             figures = {k: v for k, v in figures.items() if k not in _MONITOR_FIELDS}
         return {field: figures.get(field) for field in PRIVACY_FIELDS} | figures

@@ -14,7 +14,9 @@
   refreshed incrementally with the snapshot; smaller catalogues are scored exactly.
 
 ``Recommender.learn_many`` has the learner's signature, so the evaluation protocols and the
-learning thread drive it exactly as they drive a bare model. Learning and reading run in different
+learning thread drive it exactly as they drive a bare model. The monitor feed and the LDP debias
+map are a ``models.wrapped.Wrapped`` learner's hooks (``monitor``, ``debias``); canary rows
+(``privacy.audit.real_rows``) reach the model and the monitor, never the serving structures. Learning and reading run in different
 threads: the model's kernels release the GIL; the catalogue grows under a lock and readers take
 a consistent snapshot (arrays are only ever appended to or replaced, never shrunk).
 """
@@ -29,9 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from sketchrec.models.base import ITEM, USER
-from sketchrec.privacy.audit import is_canary
+from sketchrec.models.wrapped import Wrapped
+from sketchrec.privacy.audit import real_rows
 from sketchrec.sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
 from sketchrec.sketches.hashing import as_keys, key_of
+
 
 
 class Catalogue:
@@ -81,21 +85,10 @@ class ItemSnapshot:
     cost: float           # seconds the read took
 
 
-class Monitored:
-    """A learner whose batches also feed a privacy monitor, without the serving structures."""
-
-    def __init__(self, model, monitor):
-        self.model, self.monitor = model, monitor
-
-    def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
-        ukeys, ikeys = as_keys(users), as_keys(items)
-        ratings = np.ascontiguousarray(ratings, dtype=np.float64)
-        predictions = self.model.learn_many(ukeys, ikeys, ratings, epoch=epoch)
-        self.monitor.observe(self.model, ukeys, ikeys, ratings, predictions)
-        return predictions
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
+def _learner_hook(name: str, doc: str) -> property:
+    """A Recommender attribute that is its learner's (a ``Wrapped``) hook of that name."""
+    return property(lambda self: getattr(self.learner, name),
+                    lambda self, value: setattr(self.learner, name, value), doc=doc)
 
 
 class Recommender:
@@ -105,18 +98,15 @@ class Recommender:
                  fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0,
                  monitor=None, index_threshold: int = 20_000, index_shortlist: float = 0.1):
         self.model = model
+        # not a base class: a Recommender does not pass unknown attributes on to the model
+        self.learner = Wrapped(model, monitor)
         self.index_threshold, self.index_shortlist = index_threshold, index_shortlist
-        self.monitor = monitor
         self.pairs_seen = BloomFilter(pair_capacity, fp_rate, seed=seed)
         self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
         self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
         self.catalogue = Catalogue()
-        self._init_runtime(refresh_s)
-
-    def _init_runtime(self, refresh_s: float) -> None:
-        """Threading state, never checkpointed."""
+        # runtime state, never checkpointed
         self.refresh_s = refresh_s
-        self.debias = None  # prediction map for LDP-perturbed streams (privacy.ldp.Debias)
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
         self._snapshot: ItemSnapshot | None = None
         self._snapshot_lock = threading.Lock()
@@ -124,26 +114,25 @@ class Recommender:
         self.learning.set()  # cleared = paused
 
     # the learner's interface ------------------------------------------------------------------------
+    monitor = _learner_hook("monitor", "The privacy monitor fed every learned batch "
+                            "(``privacy.monitor.PrivacyMonitor``) or None.")
+    debias = _learner_hook("predict_map", "The map of every prediction for LDP-perturbed streams "
+                           "(``privacy.ldp.Debias``) or None.")
+
     def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
         """Learn a batch (waits while paused) and record it for serving."""
-        return self._learn(self.model.learn_many, users, items, ratings, epoch)
+        return self._learn(users, items, ratings, epoch, private=False)
 
     def noisy_step(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
         """One DP-SGD step of a private model on this batch, recorded for serving likewise."""
-        return self._learn(self.model.noisy_step, users, items, ratings, epoch)
+        return self._learn(users, items, ratings, epoch, private=True)
 
-    def _learn(self, learn, users, items, ratings, epoch: int) -> np.ndarray:
+    def _learn(self, users, items, ratings, epoch: int, private: bool) -> np.ndarray:
         self.learning.wait()
-        users = np.asarray(users) if not isinstance(users, np.ndarray) else users
-        items = np.asarray(items) if not isinstance(items, np.ndarray) else items
-        ukeys, ikeys = as_keys(users), as_keys(items)
-        ratings = np.ascontiguousarray(ratings, dtype=np.float64)
-        predictions = learn(ukeys, ikeys, ratings, epoch=epoch)
-        if self.monitor is not None:
-            self.monitor.observe(self.model, ukeys, ikeys, ratings, predictions)
-        if users.dtype == object:  # audit canaries never reach the serving structures
-            real = ~is_canary(users)
-            users, items, ukeys, ikeys = users[real], items[real], ukeys[real], ikeys[real]
+        users, items = np.asarray(users), np.asarray(items)
+        ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)
+        real = real_rows(users)
+        users, items, ukeys, ikeys = users[real], items[real], ukeys[real], ikeys[real]
         self.pairs_seen.add_many(pair_keys(ukeys, ikeys))
         self.users_seen.add_many(ukeys)
         self.popularity.add_many(items, ikeys)
@@ -151,17 +140,12 @@ class Recommender:
         return predictions
 
     def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
-        out = self.model.predict_many(users, items, clip=clip)
-        return self.debias(out) if self.debias is not None else out
+        return self.learner.predict_many(users, items, clip=clip)
 
     @property
     def nbytes(self) -> int:
         return (self.model.nbytes + self.pairs_seen.nbytes + self.users_seen.nbytes
                 + self.popularity.sketch.nbytes)
-
-    @property
-    def width(self):
-        return getattr(self.model, "width", None)
 
     @property
     def n_skipped_clip(self) -> int:
@@ -185,9 +169,11 @@ class Recommender:
         p, bu = self.model.factors(np.array([ukey], dtype=np.uint64), USER)
         offset = self.model.global_mean + bu[0]
 
-        def seen_rows(rows):
-            ukeys = np.full(len(rows), ukey, dtype=np.uint64)
-            return self.pairs_seen.contains_many(pair_keys(ukeys, keys[rows]))
+        def seen_rows(rows=slice(None)) -> np.ndarray:
+            """Which of the snapshot's rows (default: all) hold an item this user rated."""
+            row_keys = keys[rows]
+            ukeys = np.full(len(row_keys), ukey, dtype=np.uint64)
+            return self.pairs_seen.contains_many(pair_keys(ukeys, row_keys))
 
         index = self.index
         if index is not None and len(index) == len(ids):
@@ -195,9 +181,7 @@ class Recommender:
             if len(rows) == k:
                 return [(ids[n], float(s + offset)) for n, s in zip(rows, scores)], "model-index"
         scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + offset
-        ukeys = np.full(len(keys), ukey, dtype=np.uint64)
-        seen = self.pairs_seen.contains_many(pair_keys(ukeys, keys))
-        scores[seen] = -np.inf
+        scores[seen_rows()] = -np.inf
         top = np.argpartition(-scores, min(k, len(scores) - 1))[:k] if len(scores) > k else np.arange(len(scores))
         top = top[np.argsort(-scores[top], kind="stable")]
         return [(ids[n], float(scores[n])) for n in top if np.isfinite(scores[n])], "model"
@@ -242,23 +226,20 @@ class Recommender:
     @classmethod
     def from_parts(cls, parts: dict[str, bytes], model_cls, refresh_s: float = 1.0,
                    monitor=None) -> "Recommender":
-        rec = cls.__new__(cls)
-        rec.model = model_cls.from_bytes(parts["model"])
+        """Back from ``state_parts``: built by ``__init__`` (its defaults for what is not saved:
+        the index settings), then the saved structures put in place of the empty ones (which are
+        built at the smallest size, since they are thrown away)."""
+        serving = json.loads(parts["serving"])
+        rec = cls(model_cls.from_bytes(parts["model"]), pair_capacity=1, user_capacity=1,
+                  refresh_s=refresh_s, monitor=monitor)
         rec.pairs_seen = BloomFilter.from_bytes(parts["pairs_seen"])
         rec.users_seen = BloomFilter.from_bytes(parts["users_seen"])
-        serving = json.loads(parts["serving"])
         rec.popularity = HeavyHitters(serving["popular_capacity"],
                                       CountMinSketch.from_bytes(parts["popularity"]))
-        popular = np.array(serving["popular"], dtype=object)
-        if len(popular):
-            rec.popularity._tracked = dict(zip(serving["popular"], as_keys(popular).tolist()))
-        rec.catalogue = Catalogue()
+        rec.popularity.track(serving["popular"])
         if serving["catalogue"]:
             cat = np.array(serving["catalogue"], dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
-        rec.monitor = monitor
-        rec.index_threshold, rec.index_shortlist = 20_000, 0.1
-        rec._init_runtime(refresh_s)
         return rec
 
 
