@@ -65,6 +65,7 @@ class ParseReport:
     skipped: Counter = field(default_factory=Counter)
     examples: list[tuple[int, str, str]] = field(default_factory=list)  # (line number, reason, text)
     max_examples: int = 5
+    fmt: str | None = None   # the format detect_format found
 
     def reject(self, line_no: int, reason: str, text: str) -> None:
         self.skipped[reason] += 1
@@ -141,7 +142,7 @@ def read_ratings(path: str | Path, report: ParseReport | None = None) -> tuple[R
         first = fh.readline()
         if not first:
             return _columns(rows), report
-        fmt = detect_format(first)
+        fmt = report.fmt = detect_format(first)
         sep = FORMATS[fmt]
         header = fmt == "movielens-csv" and not first.split(",")[0].strip().isdigit()
         lines = ((1, first),) if not header else ()

@@ -2,8 +2,7 @@
 
 Fresh noise, the release vs operator-state line, access control, public model shape, the named
 neighbouring relation, the ledger under the checkpoint's checksum, and LDP's declared range.
-Tests marked ``needs_cli_wiring`` pass only once replay/cli.py calls the library functions named
-in their reason."""
+The replay tests go through the CLI, which wires the library functions in."""
 
 from __future__ import annotations
 
@@ -31,8 +30,6 @@ ADMIN = "backend-token"
 KEY = b"k" * 32
 SYNTH = ["--synthetic-ratings", "6000", "--synthetic-users", "200", "--synthetic-items", "120",
          "--quiet", "--json"]
-needs_cli_wiring = pytest.mark.xfail(strict=False, reason="passes once replay/cli.py is wired "
-                                     "(see the privacy helper's report)")
 
 
 def _replay(capsys, *argv) -> dict:
@@ -133,7 +130,6 @@ def test_cap_counts_are_operator_state_outside_the_model_bytes(tmp_path):
     assert restored.recommender.model.user_counts == model.user_counts
 
 
-@needs_cli_wiring
 def test_replay_checkpoint_twice_continues_the_ledger(capsys, tmp_path):
     run = ["--dp-epsilon", "1", "--checkpoint", str(tmp_path), *SYNTH]
     _replay(capsys, *run)
@@ -154,7 +150,6 @@ def test_the_released_shape_does_not_depend_on_one_rating():
         check_public_shape(True, counted, None)
 
 
-@needs_cli_wiring
 def test_replay_sizes_a_dp_model_from_the_public_default(capsys):
     out = _replay(capsys, "--dp-epsilon", "1", *SYNTH)
     assert out["params"]["capacity"] == DEFAULT_DP_CAPACITY
@@ -223,7 +218,6 @@ def test_ldp_range_is_declared_and_reported():
     assert figures["mode"] == "ldp" and figures["epsilon"] == 1.0 and figures["range"] == [0.5, 4.0]
 
 
-@needs_cli_wiring
 def test_replay_ldp_reports_mode_ldp(capsys):
     out = _replay(capsys, "--holdout", "0.2", "--ldp-epsilon", "1", "--ldp-range", "1,5", *SYNTH)
     assert out["privacy"]["mode"] == "ldp" and out["privacy"]["range"] == [1.0, 5.0]

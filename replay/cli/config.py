@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
-from sketchrec.replay.cli.options import parse_host_port, parse_range
+from sketchrec.replay.cli.options import ACCESS, parse_host_port, parse_range
 
 
 @dataclass(frozen=True)
@@ -139,10 +139,12 @@ class ServingSettings:
     listen: tuple[str, int] | None = None   # --serve HOST:PORT
     admin_token: str | None = None
     checkpoint: Path | None = None
+    access: str | bool = "auto"             # create_app's ``access``: "auto", True or False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServingSettings":
-        return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token, args.checkpoint)
+        return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token,
+                   args.checkpoint, ACCESS[args.access_control])
 
 
 @dataclass(frozen=True)
@@ -160,23 +162,24 @@ class ReplayConfig:
     batch_size: int
     audit_canaries: int
     ldp_epsilon: float | None
-    ldp_range: tuple[float, float]
+    ldp_range: tuple[float, float] | None   # declared; None: the file format's scale
     ldp_debias: bool
     synthetic: tuple[int, int, int]   # ratings, users, items
     model: ModelSettings
     dp: DPSettings
     monitor: MonitorSettings
     serving: ServingSettings
+    capacity: int | None = None   # --capacity; None: counted from the data (never in DP modes)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReplayConfig":
         dp = DPSettings.from_args(args)
         return cls(args.path, args.order, _speed(args.speed), args.quiet, args.json, args.holdout,
                    args.epochs, args.seed, args.batch_size, args.audit_canaries, args.ldp_epsilon,
-                   parse_range(args.ldp_range), args.ldp_debias,
+                   parse_range(args.ldp_range) if args.ldp_range else None, args.ldp_debias,
                    (args.synthetic_ratings, args.synthetic_users, args.synthetic_items),
                    ModelSettings.from_args(args, dp.enabled), dp, MonitorSettings.from_args(args),
-                   ServingSettings.from_args(args))
+                   ServingSettings.from_args(args), args.capacity)
 
 
 def _speed(text: str) -> float | None:

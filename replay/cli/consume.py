@@ -114,7 +114,7 @@ def consume_main(argv: list[str] | None = None) -> int:
               f"learned; the checkpoint in {config.serving.checkpoint} is untouched)", file=sys.stderr)
         return 2
     serving = config.serving
-    server = start_server(service, serving.listen, serving.admin_token) if serving.listen else None
+    server = start_server(service, serving) if serving.listen else None
     on_stop_signal(learner.stop.set)
     print(f"consuming {config.topic} from {config.bootstrap}; resumed at {service.ratings_learned:,} "
           f"ratings, offsets {service.offsets}", file=sys.stderr, flush=True)

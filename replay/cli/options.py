@@ -70,6 +70,10 @@ def add_monitor_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kld-alert", type=float, help="log a warning when the windowed KLD exceeds this")
 
 
+# --access-control's choices, as create_app's ``access`` argument
+ACCESS = {"auto": "auto", "on": True, "off": False}
+
+
 def add_serving_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--serve", metavar="HOST:PORT",
                     help="serve the live HTTP endpoint while learning (replay: and after it ends, "
@@ -79,6 +83,15 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
                     "$SKETCHREC_ADMIN_TOKEN; none: admin endpoints disabled)")
     ap.add_argument("--checkpoint", metavar="DIR", type=Path,
                     help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
+    add_access_args(ap)
+
+
+def add_access_args(ap: argparse.ArgumentParser) -> None:
+    """Who may read a user's answers (README "Threat model"); shared by every serving command."""
+    ap.add_argument("--access-control", choices=ACCESS, default="auto",
+                    help="per-user tokens for /predict and /recommend (HMAC under "
+                    "$SKETCHREC_USER_TOKEN_KEY; the admin token acts as the backend): 'auto' turns "
+                    "them on in every privacy mode")
 
 
 def parse_range(text: str) -> tuple[float, float]:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the run's parts, imported when a command needs them
     from sketchrec.models.dp_sgd import DPConfig
     from sketchrec.privacy.accounting import PrivacyLedger
     from sketchrec.privacy.audit import Canaries
+    from sketchrec.privacy.ldp import LDPSettings
     from sketchrec.privacy.monitor import PrivacyMonitor
     from sketchrec.stream.serving.service import LearningService
 
@@ -46,13 +47,17 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--model", choices=("sketch", "dense", "river"), default="sketch")
     add_model_args(ap)
     ap.add_argument("--batch-size", type=int, default=10_000)
+    ap.add_argument("--capacity", type=int, metavar="N",
+                    help="distinct users + items the sketch is sized for (default: counted from the "
+                    "data; in the DP modes a public default, never the data's count)")
     add_monitor_args(ap)
     ap.add_argument("--audit-canaries", type=int, metavar="M", default=0,
                     help="one-run canary audit: M canary ratings, each trained on with probability 1/2")
     ap.add_argument("--ldp-epsilon", type=float, metavar="E",
                     help="holdout only: perturb each training rating with Bounded Laplace, as a "
                     "device would (test ratings stay raw)")
-    ap.add_argument("--ldp-range", default="1,5", metavar="L,U", help="rating range of --ldp-epsilon")
+    ap.add_argument("--ldp-range", metavar="L,U", help="declared rating range of --ldp-epsilon "
+                    "(default: the file format's scale, e.g. 1,5 for u.data, 0.5,5 for ratings.csv)")
     ap.add_argument("--ldp-debias", action="store_true",
                     help="map predictions back through the mechanism's mean (undo its centre bias)")
     ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
@@ -71,7 +76,7 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
     run = prepare(config)
     server = None
     if config.serving.listen:
-        server = start_server(run.service, config.serving.listen, config.serving.admin_token)
+        server = start_server(run.service, config.serving)
     result = execute(run)
     if server is not None:
         result["serving"] = server.url
@@ -91,25 +96,38 @@ class Source:
 
     data: Ratings | None
     batches: Iterable[Ratings]
-    capacity: int      # distinct users + items: sizes the sketch
+    capacity: int      # distinct users + items: sizes the sketch (public in the DP modes)
     total: int
     name: str
     report: ParseReport
+    fmt: str | None = None   # the file's format (sketchrec.data.detect_format); None: synthetic
 
 
 def open_source(config: ReplayConfig) -> Source:
     if not config.path:
         n_ratings, n_users, n_items = config.synthetic
         synth = SyntheticStream(n_ratings, n_users, n_items, seed=config.seed)
-        return Source(None, synth.batches(config.batch_size), synth.n_users + synth.n_items,
-                      synth.n_ratings, "synthetic", ParseReport())
+        return Source(None, synth.batches(config.batch_size),
+                      _capacity(config, synth.n_users + synth.n_items), synth.n_ratings,
+                      "synthetic", ParseReport())
     data, report = read_ratings(config.path)
     if len(data) == 0:
         raise SystemExit(f"replay: no valid ratings in {config.path}")
     if config.holdout is None:  # a holdout split depends on the data set and seed only
         data = order_ratings(data, config.order, config.seed)
     batches = data.batches(config.batch_size if config.speed is None else 100)
-    return Source(data, batches, data.n_ids(), len(data), str(config.path), report)
+    return Source(data, batches, _capacity(config, data.n_ids()), len(data), str(config.path),
+                  report, report.fmt)
+
+
+def _capacity(config: ReplayConfig, counted: int) -> int:
+    """--capacity, else the data's count; in the DP modes never the count (it would make the
+    released model's shape depend on single ratings: privacy.release)."""
+    from sketchrec.privacy.release import public_capacity
+    try:
+        return public_capacity(config.dp.enabled, config.capacity, counted)
+    except ValueError as exc:
+        raise SystemExit(f"replay: --capacity: {exc}") from None
 
 
 @dataclass
@@ -125,6 +143,7 @@ class Run:
     ledger: PrivacyLedger | None
     canaries: Canaries | None
     service: LearningService | None
+    ldp: LDPSettings | None = None   # the simulated device-side LDP of the holdout protocol
 
 
 def prepare(config: ReplayConfig) -> Run:
@@ -147,8 +166,7 @@ def prepare(config: ReplayConfig) -> Run:
             raise SystemExit("replay: DP-SGD is implemented for the sketch model (--model sketch)")
         dp = config.dp.config(stream=stream, depth=settings.depth, lr=settings.lr)
         if dp.noise_multiplier > 0 or config.dp.target:
-            from sketchrec.privacy.accounting import PrivacyLedger
-            ledger = PrivacyLedger(config.dp.unit, config.dp.delta)
+            ledger = _ledger(config)
     model = settings.build(source.capacity, dp)
     if ledger is not None and stream and not ledger.begin_pass(dp.stream_multiplier(), config.dp.budget):
         raise SystemExit(f"replay: one pass at noise multiplier {dp.noise_multiplier:.4g} would "
@@ -163,7 +181,30 @@ def prepare(config: ReplayConfig) -> Run:
     elif monitor is not None:
         from sketchrec.models.wrapped import Wrapped
         learner = Wrapped(model, monitor)
-    return Run(config, source, model, learner, monitor, dp, ledger, canaries, service)
+    return Run(config, source, model, learner, monitor, dp, ledger, canaries, service,
+               _ldp(config, source))
+
+
+def _ledger(config: ReplayConfig) -> PrivacyLedger:
+    """A new ledger, or the one the checkpoint directory holds: a DP checkpoint directory never
+    starts a fresh ledger (the budget spent there stays spent)."""
+    from sketchrec.stream.checkpoint import continue_ledger
+    try:
+        return continue_ledger(config.serving.checkpoint, config.dp.unit, config.dp.delta)
+    except ValueError as exc:  # LedgerIntegrityError included: a tampered ledger is refused
+        raise SystemExit(f"replay: {exc}") from None
+
+
+def _ldp(config: ReplayConfig, source: Source) -> LDPSettings | None:
+    """The LDP mechanism's settings, on the declared range (the option, else the format's scale;
+    never a silent 1-5)."""
+    if config.ldp_epsilon is None:
+        return None
+    from sketchrec.privacy.ldp import LDPSettings, declared_range
+    try:
+        return LDPSettings(config.ldp_epsilon, *declared_range(config.ldp_range, source.fmt))
+    except ValueError as exc:
+        raise SystemExit(f"replay: {exc}") from None
 
 
 def make_service(model, source: Source, config: ReplayConfig, monitor: PrivacyMonitor | None,
@@ -209,11 +250,11 @@ def _holdout(run: Run) -> dict:
             users, items, ratings = run.canaries.training_part()
             extra = Ratings(users, items, ratings, np.zeros(len(ratings), dtype=np.int64))
         perturb, debias = None, None
-        if config.ldp_epsilon is not None:
+        if run.ldp is not None:
             from sketchrec.privacy.ldp import Debias, DeviceRandomiser
-            lo, hi = config.ldp_range
-            perturb = DeviceRandomiser(config.ldp_epsilon, lo, hi, seed=config.seed + 3).perturb
-            debias = Debias(config.ldp_epsilon, lo, hi) if config.ldp_debias else None
+            eps, lo, hi = run.ldp.epsilon, run.ldp.lower, run.ldp.upper
+            perturb = DeviceRandomiser(eps, lo, hi, seed=config.seed + 3).perturb
+            debias = Debias(eps, lo, hi) if config.ldp_debias else None
         return holdout(run.learner, data, config.holdout, config.epochs, config.seed,
                        config.batch_size, show, extra_train=extra, ledger=run.ledger,
                        budget=config.dp.budget, target_epsilon=config.dp.target, perturb=perturb,
@@ -234,7 +275,7 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
     if run.service is not None:
         run.service.record_audit(audit)
     holdout_kld = result.pop("kld", None)
-    result["privacy"] = privacy_figures(model, run.monitor, audit, run.ledger)
+    result["privacy"] = privacy_figures(model, run.monitor, audit, run.ledger, ldp=run.ldp)
     if run.dp is not None:
         result["privacy"]["dp"] = {**model.dp.to_dict(), "budget_epsilon": config.dp.budget,
                                    **result.pop("dp_training", {})}

@@ -4,6 +4,7 @@ shares: starting the HTTP server and stopping on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -11,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from sketchrec.replay.cli.options import parse_host_port
+from sketchrec.replay.cli.config import ServingSettings
+from sketchrec.replay.cli.options import ACCESS, add_access_args, parse_host_port
 
 
 def on_stop_signal(action: Callable[[], None]) -> None:
@@ -24,12 +26,14 @@ def on_stop_signal(action: Callable[[], None]) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def start_server(service, where: tuple[str, int], admin_token: str | None):
-    """The live endpoint over ``service``, listening on ``where`` = (host, port)."""
+def start_server(service, serving: ServingSettings):
+    """The live endpoint over ``service``, listening on ``serving.listen`` = (host, port)."""
     from sketchrec.stream.serving.http import create_app
     from sketchrec.stream.serving.server import ServerThread
-    server = ServerThread(create_app(service, admin_token), *where).start()
-    print(f"serving {server.url} (admin endpoints {'enabled' if admin_token else 'disabled'})",
+    app = create_app(service, serving.admin_token, serving.access)
+    server = ServerThread(app, *serving.listen).start()
+    print(f"serving {server.url} (admin endpoints {'enabled' if serving.admin_token else 'disabled'}; "
+          f"per-user access control {'on' if app.state.user_tokens else 'off'})",
           file=sys.stderr, flush=True)
     return server
 
@@ -51,14 +55,19 @@ def serve_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8000")
     ap.add_argument("--reload-every", type=float, default=5.0, metavar="S",
                     help="seconds between checks for a newer checkpoint")
+    ap.add_argument("--admin-token", default=os.environ.get("SKETCHREC_ADMIN_TOKEN"),
+                    help="bearer token of the backend: it may read any user's answers (default: "
+                    "$SKETCHREC_ADMIN_TOKEN)")
+    add_access_args(ap)
     args = ap.parse_args(argv)
-    listen = parse_host_port(args.listen)
+    serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
+                              ACCESS[args.access_control])
     try:
         service = LearningService.from_checkpoint(args.checkpoint)
     except FileNotFoundError as exc:
         print(f"sketchrec serve: {exc}", file=sys.stderr)
         return 2
-    server = start_server(service, listen, admin_token=None)
+    server = start_server(service, serving)
 
     def reload_loop():
         while server.thread.is_alive():

@@ -109,6 +109,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     app = FastAPI(title="sketchrec", version="0.1.0",
                   description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
+    app.state.user_tokens = tokens   # None: no per-user access control
     registry = CollectorRegistry()
     registry.register(_ServiceCollector(lambda: app.state.service))
     latency = Histogram("sketchrec_request_seconds", "Request latency", ["endpoint"], registry=registry,
