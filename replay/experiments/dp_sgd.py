@@ -19,6 +19,7 @@ from sketchrec.models.dp_sgd import DPConfig
 from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
 from sketchrec.paths import ml100k
 from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.privacy.release import public_capacity
 from sketchrec.replay.protocols import holdout
 
 NAME = "dp-sgd"
@@ -55,8 +56,9 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
     baseline = SketchMF(dim=DEFAULTS["dim"], lr=DEFAULTS["lr"], reg=DEFAULTS["reg"],
                         bias_reg=DEFAULTS["bias_reg"], capacity=capacity, seed=1)
     base = holdout(baseline, ratings, 0.2, epochs, seed=1)
-    rows = [_private_run(ratings, capacity, eps, epochs) for eps in epsilons]
-    user_rows = [_private_run(ratings, capacity, eps, epochs, unit="user", batch=5000, lr=0.003)
+    private_capacity = public_capacity(True, None)  # never the data's count (privacy.release)
+    rows = [_private_run(ratings, private_capacity, eps, epochs) for eps in epsilons]
+    user_rows = [_private_run(ratings, private_capacity, eps, epochs, unit="user", batch=5000, lr=0.003)
                  for eps in ((8.0,) if quick else (8.0, math.inf))]
     result = {"data": str(path), "protocol": "holdout 0.2, seed 1", "epochs": epochs,
               "delta": DELTA, "user_cap": USER_CAP, "quick": quick,
