@@ -1,14 +1,15 @@
 """Compressed topics: every codec a real producer uses is read, and an unreadable batch is set aside.
 
 The interoperability tests use a second, independent client — librdkafka, through the
-``confluent-kafka`` package (a test extra) — as production producers do. Against the bundled Tansu
-broker, note that the messages of an aborted transaction never reach any consumer, not even a
-``read_uncommitted`` one, so there these tests show that aborted ratings are not learned but not
-that the consumer filters them itself (it reads ``read_committed``, which does on Apache Kafka).
+``confluent-kafka`` package (a test extra) — as production producers do. The bundled Tansu broker
+(0.6.0) keeps no list of aborted transactions, so read_committed readers there — librdkafka's and
+kafka-python's alike — receive an aborted transaction's messages: the aborted-transaction test
+checks that with librdkafka first and skips on such a broker; on Apache Kafka it runs.
 """
 
 import json
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -23,7 +24,7 @@ from test_kafka import consume_cmd, run_to_end
 confluent_kafka = pytest.importorskip("confluent_kafka", reason="confluent-kafka is a test extra")
 
 ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "u.data"
-N_PLAIN, N_COMMITTED, N_ABORTED = 19_500, 500, 500  # 20,000 ratings to learn, 500 not to
+N_PLAIN, N_COMMITTED = 19_500, 500  # 20,000 ratings to learn
 
 
 def _rows(start: int, stop: int) -> list[tuple]:
@@ -37,10 +38,25 @@ def _value(row) -> bytes:
     return "{},{},{:g},{}".format(*row).encode()
 
 
+def _transactions(config: dict, topic: str, parts: list[tuple[list, bool]]) -> None:
+    """Each part in a transaction of its own, committed or aborted."""
+    tx = confluent_kafka.Producer({**config, "transactional.id": f"tx-{topic}"})
+    tx.init_transactions(30)
+    for rows, commit in parts:
+        tx.begin_transaction()
+        for row in rows:
+            tx.produce(topic, key=str(row[0]).encode(), value=_value(row))
+        tx.flush(30)  # on the broker before the marker (an abort would otherwise drop them unsent)
+        if commit:
+            tx.commit_transaction(30)
+        else:
+            tx.abort_transaction(30)
+
+
 def _librdkafka_topic(bootstrap: str, topic: str, compression: str) -> None:
     """19,500 ratings (keyed by user, every 7th with a null key, all with headers), a tombstone,
-    then a committed transaction of 500 ratings and an aborted one of 500."""
-    rows = _rows(0, N_PLAIN + N_COMMITTED + N_ABORTED)
+    then a committed transaction of 500 ratings."""
+    rows = _rows(0, N_PLAIN + N_COMMITTED)
     ensure_topic(bootstrap, topic, partitions=2)
     config = {"bootstrap.servers": bootstrap, "compression.type": compression, "linger.ms": 20}
     plain = confluent_kafka.Producer(config)
@@ -50,29 +66,49 @@ def _librdkafka_topic(bootstrap: str, topic: str, compression: str) -> None:
         plain.poll(0)
     plain.produce(topic, key=b"1", value=None)  # a tombstone: set aside as "empty message"
     assert plain.flush(30) == 0
-    tx = confluent_kafka.Producer({**config, "transactional.id": f"tx-{topic}"})
-    tx.init_transactions(30)
-    for part, commit in ((rows[N_PLAIN:N_PLAIN + N_COMMITTED], True),
-                         (rows[N_PLAIN + N_COMMITTED:], False)):
-        tx.begin_transaction()
-        for row in part:
-            tx.produce(topic, key=str(row[0]).encode(), value=_value(row))
-        if commit:
-            tx.commit_transaction(30)
-        else:
-            tx.flush(30)  # the aborted ratings reach the broker before the abort marker
-            tx.abort_transaction(30)
+    _transactions(config, topic, [(rows[N_PLAIN:], True)])
 
 
 @pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
 @pytest.mark.parametrize("compression", COMPRESSIONS)
-def test_librdkafka_topic_of_every_codec_learns_exactly_the_committed_ratings(kafka_bootstrap, tmp_path,
-                                                                              compression):
+def test_librdkafka_topic_of_every_codec_learns_every_rating(kafka_bootstrap, tmp_path, compression):
     topic = f"rdkafka-{compression}-{uuid.uuid4().hex[:8]}"
     _librdkafka_topic(kafka_bootstrap, topic, compression)
     result = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path, "--group", f"g-{topic}"))
     assert result["ratings_learned"] == N_PLAIN + N_COMMITTED == 20_000
     assert result["skipped"] == {"empty message": 1}
+
+
+def _read_committed_by_librdkafka(bootstrap: str, topic: str, partitions: int) -> int:
+    """How many messages a read_committed librdkafka consumer receives from the whole topic."""
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{topic}",
+                                         "isolation.level": "read_committed"})
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                     for p in range(partitions)])
+    seen, deadline = 0, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        msgs = consumer.consume(10_000, timeout=1.0)
+        if not msgs and seen:
+            break
+        seen += sum(m.error() is None for m in msgs)
+    consumer.close()
+    return seen
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="ml-100k not in ../shared/data")
+def test_ratings_of_an_aborted_transaction_are_not_learned(kafka_bootstrap, tmp_path):
+    topic = f"aborted-{uuid.uuid4().hex[:8]}"
+    rows = _rows(0, 3000)
+    ensure_topic(kafka_bootstrap, topic, partitions=2)
+    config = {"bootstrap.servers": kafka_bootstrap, "compression.type": "lz4", "linger.ms": 20}
+    _transactions(config, topic, [(rows[:1000], True), (rows[1000:2000], False), (rows[2000:], True)])
+    # librdkafka, an independent client, is the oracle for what the broker lets a reader filter
+    if _read_committed_by_librdkafka(kafka_bootstrap, topic, 2) > 2000:
+        pytest.skip("this broker (as Tansu 0.6.0) returns no aborted-transaction list in its fetch "
+                    "responses: no read_committed client (librdkafka included) can filter them")
+    result = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path, "--group", f"g-{topic}"))
+    assert result["ratings_learned"] == 2000
+    assert result["skipped"] == {}
 
 
 # Runs the consume command with one codec's library "missing", as on a machine without it.
