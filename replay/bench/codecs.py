@@ -1,7 +1,7 @@
 """Compressed topics: topic -> model ratings/s for uncompressed, lz4 and zstd batches, in one run.
 
-    python -m sketchrec.replay.bench.codecs [PATH] [--bootstrap HOST:PORT] [--copies 1]
-                                            [--codecs none,lz4,zstd] [--batch 1,100]
+    python -m sketchrec.replay.bench.codecs [PATH] [--bootstrap HOST:PORT] [--codecs none,lz4,zstd]
+                                            [--batch 1,100]
 
 For every codec and message form (``--batch`` ratings per message, 1 = one CSV rating each), the
 ratings file is published to a fresh topic by ``produce(compression=...)`` and then measured as in
@@ -39,35 +39,28 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--bootstrap")
-    ap.add_argument("--copies", type=int, default=1)
     ap.add_argument("--codecs", default="none,lz4,zstd")
     ap.add_argument("--batch", default="1,100", help="ratings per message, one topic each")
     args = ap.parse_args(argv)
-    broker = None
-    if args.bootstrap is None:
-        broker, args.bootstrap = _tansu()
+    data = order_for_topic(read_ratings(args.path)[0])
+    capacity = len(np.unique(data.users)) + len(np.unique(data.items))
+    SketchMF(capacity=10).learn_many([1], [1], [3.0])  # compile outside the timings
+    broker, bootstrap = _tansu() if args.bootstrap is None else (None, args.bootstrap)
     try:
-        data, _ = read_ratings(args.path)
-        data = order_for_topic(data)
-        span = int(max(data.users.max(), data.items.max())) + 1
-        copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
-                                         data.timestamps) for c in range(args.copies)])
-        capacity = args.copies * (len(np.unique(data.users)) + len(np.unique(data.items)))
-        SketchMF(capacity=10).learn_many([1], [1], [3.0])  # compile outside the timings
-        rows = []
-        for batch in (int(b) for b in args.batch.split(",")):
-            for codec in args.codecs.split(","):
-                r = measure(copies, args.bootstrap, codec, batch, capacity)
-                rows.append(r)
-                print(f"{codec:6s} {batch:>4d}/msg {r['messages']:>9,} messages  bare consume "
-                      f"{r['bare_consume_ratings_per_s']:>10,.0f} ratings/s   topic->model "
-                      f"{r['topic_to_model_ratings_per_s']:>10,.0f} ratings/s", flush=True)
-        print(json.dumps(rows))
-        return rows
+        rows = [_print(measure(data, bootstrap, codec, int(batch), capacity))
+                for batch in args.batch.split(",") for codec in args.codecs.split(",")]
     finally:
         if broker is not None:
             broker.terminate()
+    print(json.dumps(rows))
+    return rows
 
+
+def _print(r: dict) -> dict:
+    print(f"{r['codec']:6s} {r['ratings_per_message']:>4d}/msg {r['messages']:>9,} messages  bare consume "
+          f"{r['bare_consume_ratings_per_s']:>10,.0f} ratings/s   topic->model "
+          f"{r['topic_to_model_ratings_per_s']:>10,.0f} ratings/s", flush=True)
+    return r
 
 if __name__ == "__main__":
     main()
