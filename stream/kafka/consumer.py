@@ -26,6 +26,7 @@ from collections import Counter
 import numpy as np
 
 from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.kafka import codec_errors
 from sketchrec.stream.kafka.messages import dead_letter, parse_message
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.serving.recommender import Recommender
@@ -56,8 +57,11 @@ class KafkaLearner:
         self.stop = threading.Event()
         from kafka import KafkaConsumer, KafkaProducer
         config = kafka_config(bootstrap)
+        codec_errors.install()
+        # read_committed: messages of aborted transactions are never learned
         self.consumer = KafkaConsumer(
             **config, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed",
             max_poll_records=max_poll_records, session_timeout_ms=6000, heartbeat_interval_ms=1000,
             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
         self.producer = KafkaProducer(**config, linger_ms=20, acks="all")
@@ -113,8 +117,9 @@ class KafkaLearner:
         last_data = time.monotonic()
         try:
             while not self.stop.is_set():
-                records = self.consumer.poll(timeout_ms=200)
-                if records or not self.consumer.assignment():  # joining a group is not idleness
+                records = codec_errors.poll_past_unreadable(self.consumer, self._set_aside, 200)
+                # a set-aside batch (None) is data; joining a group is not idleness
+                if records is None or records or not self.consumer.assignment():
                     if records:
                         self._learn(records)
                     last_data = time.monotonic()
@@ -154,6 +159,12 @@ class KafkaLearner:
             self.service.errors.add(predictions, r)
         self.service.record_skipped(skipped)
         self.book.store(offsets, len(ratings) + sum(skipped.values()))
+
+    def _set_aside(self, batch: codec_errors.UnreadableBatch) -> None:
+        self.service.record_skipped({batch.reason: batch.messages})
+        self.producer.send(self.dead_topic, value=batch.dead_letter())
+        self.service.offsets[str(batch.partition)] = batch.next_offset
+        self._since_checkpoint += batch.messages
 
     def checkpoint(self, why: str, blocking_commit: bool = True) -> None:
         """Dead letters flushed, then state + offsets durable, then offsets committed."""

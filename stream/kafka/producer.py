@@ -2,7 +2,8 @@
 
 Messages are keyed by user, so one user's ratings stay in order on one partition. ``batch=1``
 sends one CSV rating per message; ``batch=N`` sends N ratings of one user-partition per message
-(the batched form, for throughput). ``rate`` caps ratings per second.
+(the batched form, for throughput). ``rate`` caps ratings per second. ``compression`` is the
+codec of the record batches (none, gzip, snappy, lz4, zstd), as production producers set it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from sketchrec.privacy.ldp import HEADER
 from sketchrec.stream.kafka.consumer import kafka_config
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.data import Ratings
+
+COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 2) -> bool:
@@ -35,16 +38,19 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 2) -> bool:
 
 
 def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: float | None = None,
-            partitions: int = 2, randomiser=None) -> dict:
+            partitions: int = 2, randomiser=None, compression: str = "none") -> dict:
     """Send all ratings, in order; returns counts and throughput. With ``randomiser`` (a
     ``privacy.ldp.DeviceRandomiser``) every rating is perturbed before it is sent — the raw value
     never leaves this process — and every message carries a header naming the mechanism."""
     from kafka import KafkaProducer
     if batch < 1:
         raise ValueError("batch must be at least 1")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}")
     ensure_topic(bootstrap, topic, partitions)
     producer = KafkaProducer(**kafka_config(bootstrap), linger_ms=20, batch_size=1 << 20, acks="all",
-                             max_request_size=16 << 20)
+                             max_request_size=16 << 20,
+                             compression_type=None if compression == "none" else compression)
     t0 = time.perf_counter()
     sent_messages = 0
     values = ratings.ratings if randomiser is None else randomiser.perturb(ratings.ratings)
@@ -68,7 +74,8 @@ def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: 
     producer.flush()
     producer.close()
     seconds = time.perf_counter() - t0
-    return {"topic": topic, "ratings": len(rows), "messages": sent_messages, "seconds": seconds,
+    return {"topic": topic, "ratings": len(rows), "messages": sent_messages, "compression": compression,
+            "seconds": seconds,
             "ratings_per_s": len(rows) / max(seconds, 1e-9),
             **({"ldp": randomiser.header().decode()} if randomiser is not None else {})}
 
