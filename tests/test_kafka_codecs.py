@@ -113,7 +113,7 @@ def test_ratings_of_an_aborted_transaction_are_not_learned(kafka_bootstrap, tmp_
 
 # Runs the consume command with one codec's library "missing", as on a machine without it.
 _WITHOUT_LZ4 = ("import runpy, sys, kafka.codec; kafka.codec.has_lz4 = lambda: False; "
-                "runpy.run_module('sketchrec.replay.cli', run_name='__main__', alter_sys=True)")
+                "runpy.run_module('sketchrec', run_name='__main__', alter_sys=True)")
 
 
 def test_a_batch_of_a_missing_codec_is_set_aside_and_learning_goes_on(kafka_bootstrap, tmp_path):

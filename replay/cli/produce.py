@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from sketchrec.replay.cli.options import parse_range
+from sketchrec.stream.kafka.producer import COMPRESSIONS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate", type=float, help="ratings per second (default: as fast as possible)")
     ap.add_argument("--batch", type=int, default=1, help="ratings per message (1: one CSV rating each)")
     ap.add_argument("--partitions", type=int, default=2, help="partitions when creating the topic")
+    ap.add_argument("--compression", choices=COMPRESSIONS, default="none",
+                    help="codec of the record batches, as production producers set it")
     ap.add_argument("--ldp-epsilon", type=float, metavar="E",
                     help="local DP: perturb every rating with Bounded Laplace before it is sent")
     ap.add_argument("--rating-range", metavar="L,U", help="the rating range of --ldp-epsilon")
@@ -50,7 +53,7 @@ def produce_main(argv: list[str] | None = None) -> int:
     data, report = read_ratings(args.path)
     try:
         result = produce(order_for_topic(data), args.bootstrap, args.topic, args.batch, args.rate,
-                         args.partitions, randomiser)
+                         args.partitions, randomiser, compression=args.compression)
     except KafkaError as exc:
         print(f"sketchrec produce: cannot publish to {args.bootstrap}: {exc}", file=sys.stderr)
         return 2
