@@ -33,9 +33,9 @@ class FactorStore(NamedTuple):
     vectors' salts and the heavy slots.
 
     >>> from sketchrec.models import SketchMF
-    >>> store = SketchMF(dim=8, width=256, light_dim=4).store
-    >>> store.cells.shape, store.salts.shape, store.bias_salts.shape, store.init_salts.shape
-    ((4, 219), (2, 4, 4), (2, 4, 1), (2, 8))
+    >>> store = SketchMF(dim=8, depth=4, width=256, heavy_slots=16, light_dim=4).store
+    >>> store.salts.shape, store.bias_salts.shape, store.init_salts.shape, store.heavy.vectors.shape
+    ((2, 4, 4), (2, 4, 1), (2, 8), (16, 9))
     """
 
     cells: np.ndarray        # (depth, width) float32: the latent vectors' count sketch
