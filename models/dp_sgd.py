@@ -40,8 +40,7 @@ import numpy as np
 from numba import njit
 
 from sketchrec.models._sgd import (BIAS_REG, INIT_STD, LR, REG, TOTAL, clip_to_range, dot,
-                                   read_bias, read_factor)
-from sketchrec.models.storage import ITEM, USER
+                                   read_bias, read_factor, unpack)
 from sketchrec.sketches.count_sketch import scatter_add
 
 UNITS = ("rating", "user")
@@ -130,7 +129,8 @@ def clipped_gradient_sum(store, ukeys, ikeys, ratings, hp, stats, clip, offset_s
     offset_acc[0], all at the current state of the ``FactorStore`` (its cells are not written;
     DP models keep every component in the sketch and no heavy slots). out_pred[n] gets the
     prediction made for rating n. Returns how many gradients the clipping scaled down."""
-    k, d = store.salts.shape[1], store.salts.shape[2]
+    cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i = unpack(store)[:8]
+    k, d = salts_u.shape
     au, su = np.empty((k, d), dtype=np.int64), np.empty((k, d))
     ai, si = np.empty((k, d), dtype=np.int64), np.empty((k, d))
     abu, sbu = np.empty((k, 1), dtype=np.int64), np.empty((k, 1))
@@ -141,10 +141,10 @@ def clipped_gradient_sum(store, ukeys, ikeys, ratings, hp, stats, clip, offset_s
     mu = stats[TOTAL]
     clipped = 0
     for n in range(ukeys.shape[0]):
-        read_factor(store, USER, ukeys[n], hp[INIT_STD], au, su, p, p0)
-        read_factor(store, ITEM, ikeys[n], hp[INIT_STD], ai, si, q, q0)
-        bu = read_bias(store, USER, ukeys[n], abu, sbu, b)
-        bi = read_bias(store, ITEM, ikeys[n], abi, sbi, b)
+        read_factor(cells, salts_u, init_u, ukeys[n], hp[INIT_STD], au, su, p, p0)
+        read_factor(cells, salts_i, init_i, ikeys[n], hp[INIT_STD], ai, si, q, q0)
+        bu = read_bias(bias_cells, bsalts_u, ukeys[n], abu, sbu, b)
+        bi = read_bias(bias_cells, bsalts_i, ikeys[n], abi, sbi, b)
         pred = mu + bu + bi + dot(p, q)
         out_pred[n] = clip_to_range(pred, stats)
         e = pred - ratings[n]

@@ -96,9 +96,8 @@ def _bucket_start(key, family, n_slots):
 
 
 @njit(inline="always", cache=True)
-def find(slots, key, family):
-    """Slot of a monitored id in ``HeavySlots``, or -1."""
-    keys, families, counts = slots.keys, slots.families, slots.counts
+def find(keys, families, counts, key, family):
+    """Slot of a monitored id, or -1."""
     n_slots = counts.shape[0]
     if n_slots == 0:
         return -1
@@ -138,13 +137,14 @@ def _exchange(store, family, key, addr, sign, baddr, bsign, slot_row, scratch, i
 
 
 @njit(inline="always", cache=True)
-def touch(store, key, family, slot, clock, addr, sign, baddr, bsign, scratch):
-    """Count one sighting of an id whose slot ``find`` gave (-1: none), admitting it by RAP into
-    ``store.heavy`` (a ``models.storage.FactorStore``); returns its slot now, or -1.
+def touch(keys, families, counts, vectors, store, key, family, slot, clock, addr, sign, baddr,
+          bsign, scratch):
+    """Count one sighting of an id whose slot ``find`` gave (-1: none), admitting it by RAP;
+    returns its slot now, or -1.
 
-    ``scratch`` holds dim + 1 floats; addr/sign and baddr/bsign are the vector and bias sketches'
-    address buffers (overwritten by an exchange)."""
-    keys, families, counts, vectors = store.heavy
+    keys...vectors are ``store.heavy`` (the kernel's locals: read on every call); the rest of the
+    ``FactorStore`` is read only by an exchange. ``scratch`` holds dim + 1 floats; addr/sign and
+    baddr/bsign are the vector and bias sketches' address buffers (overwritten by an exchange)."""
     if slot >= 0:
         counts[slot] += 1
         return slot

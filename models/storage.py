@@ -7,6 +7,9 @@ its arrays are the sketches' and the filter's own, so a write through it is a wr
 
 Salts are stacked by hash family (``USER`` = 0, ``ITEM`` = 1): ``store.salts[family]`` is that
 family's (depth x light_dim) table, a contiguous view.
+
+The kernels read the store's fields once, before their loops, into plain local arrays
+(``models._sgd.unpack``): a tuple field or view read per rating made predictions 1.6x slower.
 """
 
 from __future__ import annotations
@@ -44,3 +47,4 @@ class FactorStore(NamedTuple):
     bias_salts: np.ndarray   # (2, depth, 1) uint64
     init_salts: np.ndarray   # (2, dim) uint64: salts of the start vectors
     heavy: HeavySlots
+
