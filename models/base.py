@@ -3,17 +3,21 @@ interface on top of a batch interface on numpy arrays."""
 
 from __future__ import annotations
 
+import abc
+import dataclasses
 import math
 from typing import Hashable, Iterable
 
 import numpy as np
 from river.reco.base import Ranker
 
-from sketchrec.models import kernels as K
+from sketchrec.models._sgd import (BIAS_REG, CLIP_LOSS, COUNT, INIT_STD, LEARNED, LR, REG, RMAX,
+                                   RMIN, SGLD_TAU, SKIPPED_CLIP, SKIPPED_DIVERGED, TOTAL,
+                                   seed_numba)
+from sketchrec.models.storage import ITEM, USER
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import as_keys, salt_table
 
-USER, ITEM = 0, 1  # hash families
 _INIT_FAMILY_OFFSET = 100  # salts of the start vectors, apart from the addressing families
 
 
@@ -21,7 +25,9 @@ class FactorizationModel(Ranker):
     """Biased matrix factorization learned online by SGD (or SGLD), one rating at a time.
 
     Subclasses decide where the parameters live (``SketchMF``: one count sketch; ``DenseMF``:
-    growing per-id arrays) by implementing ``_learn_keys`` and ``_predict_keys``.
+    growing per-id arrays) by implementing the abstract methods: ``_learn_keys``,
+    ``_predict_keys``, ``factors``, ``nbytes`` and the state arrays of a checkpoint. Their
+    constructor arguments are read back by name from attributes (``params``).
 
     Parameters common to both: ``dim`` latent dimension d; ``lr`` learning rate eta with schedule
     eta_t = eta / (1 + t / lr_schedule_T) over epochs t; ``reg`` and ``bias_reg`` the L2 weights;
@@ -49,55 +55,62 @@ class FactorizationModel(Ranker):
         self.sgld_temperature, self.clip_loss = sgld_temperature, clip_loss
         self.stats = np.zeros(4, dtype=np.float64)        # count, sum, min, max of learned ratings
         self.counters = np.zeros(3, dtype=np.int64)       # learned, skipped: loss clipping, divergence
-        self._init_salts = [salt_table(self.seed or 0, fam + _INIT_FAMILY_OFFSET, 1, self.dim)[0]
-                            for fam in (USER, ITEM)]
-        K.seed_numba(int(self.seed or 0))
+        # (2, dim): one row of start-vector salts per family
+        self._init_salts = np.stack([salt_table(self.seed or 0, fam + _INIT_FAMILY_OFFSET, 1,
+                                                self.dim)[0] for fam in (USER, ITEM)])
+        seed_numba(int(self.seed or 0))
 
     # --- figures -----------------------------------------------------------------------------------
     @property
     def n_learned(self) -> int:
-        return int(self.counters[K.LEARNED])
+        return int(self.counters[LEARNED])
 
     @property
     def n_skipped_clip(self) -> int:
-        return int(self.counters[K.SKIPPED_CLIP])
+        return int(self.counters[SKIPPED_CLIP])
 
     @property
     def n_skipped_diverged(self) -> int:
         """Steps skipped because they would have written inf/NaN (learning rate too high)."""
-        return int(self.counters[K.SKIPPED_DIVERGED])
+        return int(self.counters[SKIPPED_DIVERGED])
 
     @property
     def global_mean(self) -> float:
-        return float(self.stats[K.TOTAL] / self.stats[K.COUNT]) if self.stats[K.COUNT] else 0.0
+        return float(self.stats[TOTAL] / self.stats[COUNT]) if self.stats[COUNT] else 0.0
 
     @property
     def rating_range(self) -> tuple[float, float] | None:
-        return (float(self.stats[K.RMIN]), float(self.stats[K.RMAX])) if self.stats[K.COUNT] else None
+        return (float(self.stats[RMIN]), float(self.stats[RMAX])) if self.stats[COUNT] else None
 
     @property
+    @abc.abstractmethod
     def nbytes(self) -> int:
-        raise NotImplementedError
+        """Bytes of learned state."""
 
     def hyper(self, epoch: int = 0) -> np.ndarray:
         """The kernels' hyper-parameter vector for one epoch (learning-rate schedule applied)."""
         hp = np.empty(6, dtype=np.float64)
-        hp[K.LR] = self.lr / (1.0 + epoch / self.lr_schedule_T)
-        hp[K.REG], hp[K.BIAS_REG], hp[K.INIT_STD] = self.reg, self.bias_reg, self.init_std
-        hp[K.CLIP_LOSS] = math.inf if self.clip_loss is None else self.clip_loss
-        hp[K.SGLD_TAU] = 0.0 if self.sgld_temperature is None else self.sgld_temperature
+        hp[LR] = self.lr / (1.0 + epoch / self.lr_schedule_T)
+        hp[REG], hp[BIAS_REG], hp[INIT_STD] = self.reg, self.bias_reg, self.init_std
+        hp[CLIP_LOSS] = math.inf if self.clip_loss is None else self.clip_loss
+        hp[SGLD_TAU] = 0.0 if self.sgld_temperature is None else self.sgld_temperature
         return hp
 
     # --- state <-> bytes (checkpoints) ---------------------------------------------------------------
     def params(self) -> dict:
-        """Constructor arguments that rebuild an empty model of the same shape."""
-        raise NotImplementedError
+        """Constructor arguments that rebuild an empty model of the same shape: river's
+        ``_get_params`` (each ``__init__`` parameter read from the attribute of its name, so a
+        subclass keeps one for each, resolved: the width chosen, not None), configurations as dicts."""
+        return {name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                for name, value in self._get_params().items()}
 
+    @abc.abstractmethod
     def _state_arrays(self) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+        """The learned state beside stats and counters, by name (what a checkpoint holds)."""
 
+    @abc.abstractmethod
     def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        raise NotImplementedError
+        """Adopt arrays written by ``_state_arrays`` (perhaps by an older version)."""
 
     def to_bytes(self) -> bytes:
         """The whole learned state, bit-exact (see ``sketches.serial``)."""
@@ -116,12 +129,6 @@ class FactorizationModel(Ranker):
     def _upgrade_params(cls, params: dict) -> dict:
         """Constructor arguments of a blob written by an older version, in today's terms."""
         return params
-
-    def _common_params(self) -> dict:
-        return {"dim": self.dim, "lr": self.lr, "reg": self.reg, "bias_reg": self.bias_reg,
-                "init_std": self.init_std, "lr_schedule_T": self.lr_schedule_T,
-                "sgld_temperature": self.sgld_temperature, "clip_loss": self.clip_loss,
-                "seed": self.seed}
 
     # --- batch interface (numpy arrays; what the runtime uses) --------------------------------------
     def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
@@ -149,9 +156,9 @@ class FactorizationModel(Ranker):
         self._predict_keys(ukeys, ikeys, clip, out)
         return out
 
+    @abc.abstractmethod
     def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
         """(latent vectors, biases) of ids of one family (USER or ITEM) as the model sees them."""
-        raise NotImplementedError
 
     def score_items(self, user, items) -> np.ndarray:
         """Unclipped scores of many items for one user (for ranking)."""
@@ -159,11 +166,13 @@ class FactorizationModel(Ranker):
         return self.predict_many(np.full(ikeys.shape[0], as_keys(user)[0], dtype=np.uint64), ikeys,
                                  clip=False)
 
+    @abc.abstractmethod
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
-        raise NotImplementedError
+        """Learn uint64-keyed ratings in order with hyper-parameters hp; out gets the predictions."""
 
+    @abc.abstractmethod
     def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
-        raise NotImplementedError
+        """Predictions for uint64-keyed pairs into out."""
 
     # --- river's reco.base.Ranker interface ---------------------------------------------------------
     def learn_one(self, user: Hashable, item: Hashable, y: float, x: dict | None = None) -> None:

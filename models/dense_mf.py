@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sketchrec.models import kernels as K
+from sketchrec.models._sgd import dense_learn, dense_predict, init_rows
 from sketchrec.models.base import ITEM, USER, FactorizationModel
 from sketchrec.sketches.hashing import as_keys
 
@@ -25,7 +25,7 @@ class _IdTable:
             new = np.flatnonzero(idx < 0)
             start = len(self.index)
             self._grow(start + len(new))
-            self.vectors[start:start + len(new)] = K.init_rows(uniques[new], init_salts, init_std)
+            self.vectors[start:start + len(new)] = init_rows(uniques[new], init_salts, init_std)
             for offset, n in enumerate(new):
                 self.index[int(uniques[n])] = idx[n] = start + offset
         return idx[inverse.reshape(-1)]
@@ -53,9 +53,6 @@ class DenseMF(FactorizationModel):
                          lr_schedule_T=lr_schedule_T, sgld_temperature=sgld_temperature,
                          clip_loss=clip_loss, seed=seed)
         self._tables = (_IdTable(self.dim), _IdTable(self.dim))
-
-    def params(self) -> dict:
-        return self._common_params()
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
         out = {}
@@ -91,7 +88,7 @@ class DenseMF(FactorizationModel):
         keys = as_keys(ids)
         rows = self._rows(keys, family, False)
         table = self._tables[family]
-        vectors = K.init_rows(keys, self._init_salts[family], self.init_std)
+        vectors = init_rows(keys, self._init_salts[family], self.init_std)
         known = rows >= 0
         vectors[known] = table.vectors[rows[known]]
         biases = np.where(known, table.biases[np.maximum(rows, 0)], 0.0)
@@ -103,12 +100,12 @@ class DenseMF(FactorizationModel):
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
         uidx, iidx = self._rows(ukeys, USER, True), self._rows(ikeys, ITEM, True)
         users, items = self._tables
-        K.dense_learn(users.vectors, items.vectors, users.biases, items.biases, uidx, iidx, ratings,
-                      hp, self.stats, self.counters, out)
+        dense_learn(users.vectors, items.vectors, users.biases, items.biases, uidx, iidx, ratings,
+                    hp, self.stats, self.counters, out)
 
     def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
         uidx, iidx = self._rows(ukeys, USER, False), self._rows(ikeys, ITEM, False)
         users, items = self._tables
-        K.dense_predict(users.vectors, items.vectors, users.biases, items.biases, uidx, iidx,
-                        K.init_rows(ukeys, self._init_salts[USER], self.init_std),
-                        K.init_rows(ikeys, self._init_salts[ITEM], self.init_std), self.stats, clip, out)
+        dense_predict(users.vectors, items.vectors, users.biases, items.biases, uidx, iidx,
+                      init_rows(ukeys, self._init_salts[USER], self.init_std),
+                      init_rows(ikeys, self._init_salts[ITEM], self.init_std), self.stats, clip, out)

@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numba import njit
 
-from sketchrec.models import kernels as K
+from sketchrec.models._sgd import (BIAS_REG, INIT_STD, LR, REG, TOTAL, clip_to_range, dot,
+                                   read_bias, read_factor, unpack)
 from sketchrec.privacy.entropy import noise_generator
 from sketchrec.sketches.count_sketch import scatter_add
 
@@ -124,12 +125,13 @@ def _add(acc, addr, vals, factor):
 
 
 @njit(nogil=True, cache=True)
-def clipped_gradient_sum(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
-                         ukeys, ikeys, ratings, hp, stats, clip, offset_scale, acc, bacc,
+def clipped_gradient_sum(store, ukeys, ikeys, ratings, hp, stats, clip, offset_scale, acc, bacc,
                          offset_acc, scratch, bscratch, out_pred):
     """Add every rating's cell-space gradient, clipped to L2 norm ``clip``, into acc / bacc /
-    offset_acc[0], all at the current state (cells are not written). out_pred[n] gets the
+    offset_acc[0], all at the current state of the ``FactorStore`` (its cells are not written;
+    DP models keep every component in the sketch and no heavy slots). out_pred[n] gets the
     prediction made for rating n. Returns how many gradients the clipping scaled down."""
+    cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i = unpack(store)[:8]
     k, d = salts_u.shape
     au, su = np.empty((k, d), dtype=np.int64), np.empty((k, d))
     ai, si = np.empty((k, d), dtype=np.int64), np.empty((k, d))
@@ -138,24 +140,24 @@ def clipped_gradient_sum(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i
     vu, vi, vbu, vbi = np.empty((k, d)), np.empty((k, d)), np.empty((k, 1)), np.empty((k, 1))
     p, q, p0, q0 = np.empty(d), np.empty(d), np.empty(d), np.empty(d)
     gp, gq, g1, b = np.empty(d), np.empty(d), np.empty(1), np.empty(1)
-    mu = stats[K.TOTAL]
+    mu = stats[TOTAL]
     clipped = 0
     for n in range(ukeys.shape[0]):
-        K.read_factor(cells, salts_u, init_u, ukeys[n], hp[K.INIT_STD], au, su, p, p0)
-        K.read_factor(cells, salts_i, init_i, ikeys[n], hp[K.INIT_STD], ai, si, q, q0)
-        bu = K.read_bias(bias_cells, bsalts_u, ukeys[n], abu, sbu, b)
-        bi = K.read_bias(bias_cells, bsalts_i, ikeys[n], abi, sbi, b)
-        pred = mu + bu + bi + K.dot(p, q)
-        out_pred[n] = K.clip_to_range(pred, stats)
+        read_factor(cells, salts_u, init_u, ukeys[n], hp[INIT_STD], au, su, p, p0)
+        read_factor(cells, salts_i, init_i, ikeys[n], hp[INIT_STD], ai, si, q, q0)
+        bu = read_bias(bias_cells, bsalts_u, ukeys[n], abu, sbu, b)
+        bi = read_bias(bias_cells, bsalts_i, ikeys[n], abi, sbi, b)
+        pred = mu + bu + bi + dot(p, q)
+        out_pred[n] = clip_to_range(pred, stats)
         e = pred - ratings[n]
         for l in range(d):
-            gp[l] = e * q[l] + hp[K.REG] * p[l]
-            gq[l] = e * p[l] + hp[K.REG] * q[l]
+            gp[l] = e * q[l] + hp[REG] * p[l]
+            gq[l] = e * p[l] + hp[REG] * q[l]
         scatter_add(scratch, au, su, gp)
         scatter_add(scratch, ai, si, gq)
-        g1[0] = e + hp[K.BIAS_REG] * bu
+        g1[0] = e + hp[BIAS_REG] * bu
         scatter_add(bscratch, abu, sbu, g1)
-        g1[0] = e + hp[K.BIAS_REG] * bi
+        g1[0] = e + hp[BIAS_REG] * bi
         scatter_add(bscratch, abi, sbi, g1)
         ge = e * offset_scale  # gradient in theta = mu / offset_scale
         sq = (_take(scratch, au, vu) + _take(scratch, ai, vi) + _take(bscratch, abu, vbu)
@@ -176,12 +178,15 @@ def clipped_gradient_sum(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i
 class NoisyStepper:
     """Applies DP-SGD steps to a ``SketchMF``: owns the accumulators and the noise generator.
 
+    It works through the model's public surface: ``store`` (the cells it reads and writes),
+    ``stats`` (read), ``dp_steps`` and ``record_noisy_step``.
+
     Each step's noise comes from a generator keyed by fresh OS entropy (``privacy.entropy``), never
     from the model's seed or step counter, so nothing released or checkpointed predicts it."""
 
     def __init__(self, model, config: DPConfig):
         self.model, self.config = model, config
-        vec, bias = model.vectors.cells, model.biases.cells
+        vec, bias = model.store.cells, model.store.bias_cells
         self.acc, self.bacc = np.zeros(vec.shape), np.zeros(bias.shape)
         self.scratch, self.bscratch = np.zeros(vec.shape), np.zeros(bias.shape)
         self.offset_acc = np.zeros(1)
@@ -190,21 +195,19 @@ class NoisyStepper:
     def step(self, ukeys, ikeys, ratings, hp, out_pred) -> int:
         """One noisy step over the batch; returns how many of its gradients were clipped."""
         m, c = self.model, self.config
-        clipped = clipped_gradient_sum(*m._sketch_args(), ukeys, ikeys, ratings, hp, m.stats,
+        clipped = clipped_gradient_sum(m.store, ukeys, ikeys, ratings, hp, m.stats,
                                        c.clip, self.offset_scale, self.acc, self.bacc,
                                        self.offset_acc,
                                        self.scratch, self.bscratch, out_pred)
         rng = noise_generator(c.debug_noise_seed, int(m.dp_steps[0]))
         std = c.noise_multiplier * c.clip
-        lr = hp[K.LR]
+        lr = hp[LR]
         for cells, acc in ((m.vectors.cells, self.acc), (m.biases.cells, self.bacc)):
             if std > 0:
                 acc += std * rng.standard_normal(acc.shape)
             cells -= (lr * acc).astype(cells.dtype)
             acc[:] = 0.0
         noise = std * rng.standard_normal() if std > 0 else 0.0
-        m.stats[K.TOTAL] -= self.offset_scale * lr * (self.offset_acc[0] + noise)
+        m.record_noisy_step(ukeys.shape[0], self.offset_scale * lr * (self.offset_acc[0] + noise))
         self.offset_acc[0] = 0.0
-        m.dp_steps[0] += 1
-        m.counters[K.LEARNED] += ukeys.shape[0]
         return clipped

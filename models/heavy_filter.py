@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from sketchrec.models.storage import HeavySlots
+from sketchrec.sketches.base import Sketch
 from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
 from sketchrec.sketches.hashing import mix64, reduce32, unit_interval
 
@@ -38,15 +40,21 @@ def slot_bytes(dim: int) -> int:
     return 4 * (dim + 1) + 8 + 8 + 1
 
 
-class HeavyFilter:
+class HeavyFilter(Sketch):
     """``buckets x WAYS`` slots of (key, family, count, float32 vector + bias); count 0 marks a
-    free slot. ``vectors[s, :dim]`` is the learned part of the id's latent vector (its start
-    vector is added on reading, as for sketch ids) and ``vectors[s, dim]`` its bias.
+    free slot. ``cells[s, :dim]`` is the learned part of the id's latent vector (its start
+    vector is added on reading, as for sketch ids) and ``cells[s, dim]`` its bias; keys, families
+    and counts are kept beside the cells (``Sketch._extra_arrays``). Filters do not merge: two
+    filters hold different ids in their slots.
 
     >>> f = HeavyFilter(slots=16, dim=4)
     >>> f.n_slots, f.nbytes
     (16, 592)
+    >>> HeavyFilter.from_bytes(f.to_bytes()) == f
+    True
     """
+
+    kind = "HeavyFilter"
 
     def __init__(self, slots: int, dim: int):
         buckets = max(0, int(slots) // WAYS)
@@ -55,7 +63,19 @@ class HeavyFilter:
         self.keys = np.zeros(n, dtype=np.uint64)
         self.families = np.zeros(n, dtype=np.uint8)
         self.counts = np.zeros(n, dtype=np.int64)
-        self.vectors = np.zeros((n, self.dim + 1), dtype=np.float32)
+        self.cells = np.zeros((n, self.dim + 1), dtype=np.float32)
+
+    def params(self) -> dict:
+        return {"slots": self.n_slots, "dim": self.dim}
+
+    def _extra_arrays(self) -> dict[str, np.ndarray]:
+        return {"keys": self.keys, "families": self.families, "counts": self.counts}
+
+    def _load_extra_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.keys, self.families, self.counts = arrays["keys"], arrays["families"], arrays["counts"]
+
+    def _combine(self, other: "HeavyFilter") -> None:
+        raise TypeError("heavy filters do not merge (their slots hold different ids)")
 
     @property
     def n_slots(self) -> int:
@@ -65,23 +85,9 @@ class HeavyFilter:
     def n_used(self) -> int:
         return int(np.count_nonzero(self.counts))
 
-    @property
-    def nbytes(self) -> int:
-        return self.n_slots * slot_bytes(self.dim)
-
-    def args(self) -> tuple:
-        """The arrays the kernels take, in their order."""
-        return self.keys, self.families, self.counts, self.vectors
-
-    def state(self) -> dict[str, np.ndarray]:
-        return {"filter_keys": self.keys, "filter_families": self.families,
-                "filter_counts": self.counts, "filter_vectors": self.vectors}
-
-    def load(self, arrays: dict[str, np.ndarray]) -> None:
-        if arrays["filter_vectors"].shape != self.vectors.shape:
-            raise ValueError("checkpoint filter shape does not match its parameters")
-        self.keys, self.families = arrays["filter_keys"], arrays["filter_families"]
-        self.counts, self.vectors = arrays["filter_counts"], arrays["filter_vectors"]
+    def slots(self) -> HeavySlots:
+        """The filter's arrays as the kernels take them (views, no copies)."""
+        return HeavySlots(self.keys, self.families, self.counts, self.cells)
 
 
 @njit(inline="always", cache=True)
@@ -118,25 +124,27 @@ def _move(cells, salts, key, addr, sign, vec, scratch, into_sketch):
 
 
 @njit(inline="always", cache=True)
-def _exchange(cells, bias_cells, salts, bsalts, key, addr, sign, baddr, bsign, slot_row, scratch,
-              into_sketch):
+def _exchange(store, family, key, addr, sign, baddr, bsign, slot_row, scratch, into_sketch):
     # only the first addr.shape[1] components of a vector live in the sketch (see SketchMF's
     # light_dim): an admitted id starts with zeros beyond them, an evicted one loses them
     sketched, bias = addr.shape[1], slot_row.shape[0] - 1
     if not into_sketch:
         slot_row[sketched:bias] = 0.0
-    _move(cells, salts, key, addr, sign, slot_row[:sketched], scratch[:sketched], into_sketch)
-    _move(bias_cells, bsalts, key, baddr, bsign, slot_row[bias:], scratch[bias:], into_sketch)
+    _move(store.cells, store.salts[family], key, addr, sign, slot_row[:sketched],
+          scratch[:sketched], into_sketch)
+    _move(store.bias_cells, store.bias_salts[family], key, baddr, bsign, slot_row[bias:],
+          scratch[bias:], into_sketch)
 
 
 @njit(inline="always", cache=True)
-def touch(keys, families, counts, vectors, cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i,
-          key, family, slot, clock, addr, sign, baddr, bsign, scratch):
+def touch(keys, families, counts, vectors, store, key, family, slot, clock, addr, sign, baddr,
+          bsign, scratch):
     """Count one sighting of an id whose slot ``find`` gave (-1: none), admitting it by RAP;
     returns its slot now, or -1.
 
-    ``scratch`` holds dim + 1 floats; addr/sign and baddr/bsign are the vector and bias sketches'
-    address buffers (overwritten by an exchange)."""
+    keys...vectors are ``store.heavy`` (the kernel's locals: read on every call); the rest of the
+    ``FactorStore`` is read only by an exchange. ``scratch`` holds dim + 1 floats; addr/sign and
+    baddr/bsign are the vector and bias sketches' address buffers (overwritten by an exchange)."""
     if slot >= 0:
         counts[slot] += 1
         return slot
@@ -153,13 +161,9 @@ def touch(keys, families, counts, vectors, cells, bias_cells, salts_u, salts_i, 
         coin = unit_interval(mix64(key ^ (clock * _CLOCK_MUL) ^ _FAMILY_SALT[family]))
         if coin * (smallest + 1) >= 1.0:
             return -1
-        old = families[victim]
-        _exchange(cells, bias_cells, salts_u if old == 0 else salts_i,
-                  bsalts_u if old == 0 else bsalts_i, keys[victim], addr, sign, baddr, bsign,
+        _exchange(store, families[victim], keys[victim], addr, sign, baddr, bsign,
                   vectors[victim], scratch, True)
-    _exchange(cells, bias_cells, salts_u if family == 0 else salts_i,
-              bsalts_u if family == 0 else bsalts_i, key, addr, sign, baddr, bsign,
-              vectors[victim], scratch, False)
+    _exchange(store, family, key, addr, sign, baddr, bsign, vectors[victim], scratch, False)
     keys[victim], families[victim], counts[victim] = key, family, smallest + 1
     return victim
 

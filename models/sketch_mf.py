@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from sketchrec.models import kernels as K
+from sketchrec.models._sgd import (LEARNED, TOTAL, sketch_factors, sketch_learn, sketch_predict,
+                                   sketch_score)
 from sketchrec.models.base import ITEM, USER, FactorizationModel
 from sketchrec.models.dp_sgd import DPConfig, NoisyStepper
+from sketchrec.models.heavy_filter import HeavyFilter, slot_bytes
+from sketchrec.models.storage import FactorStore
 from sketchrec.sketches.count_sketch import CountSketch, width_for_space_gain
-from sketchrec.models.heavy_filter import WAYS, HeavyFilter, slot_bytes
 from sketchrec.sketches.hashing import as_keys
 
 DEFAULT_WIDTH = 1 << 16
 DEFAULT_HEAVY_FRACTION = 0.7
+# checkpoint names of the filter's state arrays (they predate the filter being a Sketch)
+_FILTER_ARRAYS = {"cells": "filter_vectors", "keys": "filter_keys", "families": "filter_families",
+                  "counts": "filter_counts"}
 
 
 class SketchMF(FactorizationModel):
@@ -42,6 +47,10 @@ class SketchMF(FactorizationModel):
     mean becomes a learned offset starting at the public range's midpoint. The privacy this buys
     is accounted outside the model (``privacy.accounting``), from ``dp.stream_multiplier()`` or
     ``dp.epoch_multiplier()``.
+
+    ``store`` (a ``models.storage.FactorStore``) holds every learned parameter as the compiled
+    kernels take it: the two sketches' cells, their salts, the start vectors' salts and the
+    filter's slots.
     """
 
     def __init__(self, dim: int = 64, depth: int = 4, width: int | None = None,
@@ -62,11 +71,12 @@ class SketchMF(FactorizationModel):
         bias_width = max(1, -(-self.width * self.depth // self.dim))
         self._split_memory(heavy_fraction, heavy_slots, light_dim, dp is not None)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
-        self.dp = DPConfig.of(dp)
+        self._bind_store()
+        self._dp = DPConfig.of(dp)
         self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (public: not a noise seed)
         self.user_counts: dict[int, int] = {}           # stream mode, user unit: ratings kept per user
         self._stepper = None
-        if self.dp is not None:
+        if self._dp is not None:
             if self.sgld_temperature or self.clip_loss:
                 raise ValueError("dp replaces sgld and loss clipping; give one mode")
             lo, hi = self.dp.rating_range
@@ -123,17 +133,45 @@ class SketchMF(FactorizationModel):
         cells = self.vectors.width * self.depth
         return int(min(self.dim, max(1, round(cells / light_ids))))
 
-    def params(self) -> dict:
-        return {**self._common_params(), "depth": self.depth, "width": self.width,
-                "space_gain": self.space_gain, "capacity": self.capacity,
-                "heavy_fraction": self.heavy_fraction, "heavy_slots": self.heavy.n_slots,
-                "light_dim": self.light_dim,
-                "dp": None if self.dp is None else self.dp.to_dict()}
+    def _bind_store(self) -> None:
+        """(Re)build ``store`` over the sketches' and the filter's current arrays."""
+        self.store = FactorStore(
+            cells=self.vectors.cells, bias_cells=self.biases.cells,
+            # light ids keep only their first light_dim components in the sketch
+            salts=np.stack([self.vectors.salts(f)[:, :self.light_dim] for f in (USER, ITEM)]),
+            bias_salts=np.stack([self.biases.salts(USER), self.biases.salts(ITEM)]),
+            init_salts=self._init_salts, heavy=self.heavy.slots())
+
+    @property
+    def heavy_slots(self) -> int:
+        """Slots of the heavy-hitter filter (a multiple of its bucket size)."""
+        return self.heavy.n_slots
+
+    @property
+    def dp(self) -> DPConfig | None:
+        """The DP-SGD configuration (None: plain SGD). Another one can be assigned to a DP model
+        (e.g. the noise calibrated for an epoch plan); the next noisy step uses it."""
+        return self._dp
+
+    @dp.setter
+    def dp(self, config: DPConfig | dict) -> None:
+        config = DPConfig.of(config)
+        if config is None or self._dp is None:
+            raise ValueError("dp is chosen at construction; only its settings can change")
+        self._dp, self._stepper = config, None
+
+    def record_noisy_step(self, ratings: int, offset_step: float) -> None:
+        """Count one DP-SGD step over ``ratings`` ratings (the public step counter) and move the
+        learned global offset by -offset_step (``models.dp_sgd.NoisyStepper`` has written the cells)."""
+        self.stats[TOTAL] -= offset_step
+        self.dp_steps[0] += 1
+        self.counters[LEARNED] += ratings
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
         # the exact per-user cap counts are operator state, not model: see operator_state()
-        return {"vectors": self.vectors.cells, "biases": self.biases.cells,
-                "dp_steps": self.dp_steps, **self.heavy.state()}
+        heavy = self.heavy.state_arrays()
+        return {"vectors": self.vectors.cells, "biases": self.biases.cells, "dp_steps": self.dp_steps,
+                **{saved: heavy[name] for name, saved in _FILTER_ARRAYS.items()}}
 
     def operator_state(self) -> bytes:
         """The user unit's exact cap counts (keys: public hashes of ids), kept out of to_bytes()
@@ -152,15 +190,15 @@ class SketchMF(FactorizationModel):
                                         arrays["capped_counts"].tolist()))
 
     def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        if arrays["vectors"].shape != self.vectors.cells.shape:
-            raise ValueError("checkpoint sketch shape does not match its parameters")
-        self.vectors.cells, self.biases.cells = arrays["vectors"], arrays["biases"]
+        self.vectors.load_state_arrays({"cells": arrays["vectors"]})
+        self.biases.load_state_arrays({"cells": arrays["biases"]})
         self.dp_steps = arrays.get("dp_steps", self.dp_steps)
         if "filter_vectors" in arrays:
-            self.heavy.load(arrays)
+            self.heavy.load_state_arrays({name: arrays[saved] for name, saved in _FILTER_ARRAYS.items()})
         if "capped_users" in arrays:
             self.user_counts = dict(zip(arrays["capped_users"].tolist(),
                                         arrays["capped_counts"].tolist()))
+        self._bind_store()
         self._stepper = None
 
     @property
@@ -168,19 +206,9 @@ class SketchMF(FactorizationModel):
         return (self.vectors.nbytes + self.biases.nbytes + self.heavy.nbytes + self.stats.nbytes
                 + self.counters.nbytes)
 
-    def _salts(self, family: int) -> np.ndarray:
-        """Salts of the sketched components of one family (the first light_dim)."""
-        return np.ascontiguousarray(self.vectors.salts(family)[:, :self.light_dim])
-
-    def _sketch_args(self):
-        return (self.vectors.cells, self.biases.cells, self._salts(USER), self._salts(ITEM),
-                self.biases.salts(USER), self.biases.salts(ITEM),
-                self._init_salts[USER], self._init_salts[ITEM])
-
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
         if self.dp is None:
-            K.sketch_learn(*self._sketch_args(), *self.heavy.args(), ukeys, ikeys, ratings, hp,
-                           self.stats, self.counters, out)
+            sketch_learn(self.store, ukeys, ikeys, ratings, hp, self.stats, self.counters, out)
             return
         # stream mode: one noisy step per batch_size consecutive ratings (positions, not content,
         # decide the steps); over the user cap a rating is predicted but not learned
@@ -229,28 +257,21 @@ class SketchMF(FactorizationModel):
         return out
 
     def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
-        K.sketch_predict(*self._sketch_args(), *self.heavy.args(), ukeys, ikeys, self.hyper(),
-                         self.stats, clip, out)
+        sketch_predict(self.store, ukeys, ikeys, self.hyper(), self.stats, clip, out)
 
     def score_items(self, user, items) -> np.ndarray:
         ikeys = as_keys(items)
         out = np.empty(ikeys.shape[0], dtype=np.float64)
-        K.sketch_score(*self._sketch_args(), *self.heavy.args(), as_keys(user)[0], ikeys,
-                       self.hyper(), self.stats, out)
+        sketch_score(self.store, as_keys(user)[0], ikeys, self.hyper(), self.stats, out)
         return out
 
     def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
         keys = as_keys(ids)
         vectors = np.empty((keys.shape[0], self.dim))
         biases = np.empty(keys.shape[0])
-        K.sketch_factors(self.vectors.cells, self.biases.cells, self._salts(family),
-                         self.biases.salts(family), self._init_salts[family], *self.heavy.args(),
-                         keys, family, self.init_std, vectors, biases)
+        sketch_factors(self.store, keys, family, self.init_std, vectors, biases)
         return vectors, biases
 
     def user_vectors(self, users) -> np.ndarray:
         """Latent vectors of users as the model sees them (start vector + sketch estimate)."""
         return self.factors(users, USER)[0]
-
-    def item_vectors(self, items) -> np.ndarray:
-        return self.factors(items, ITEM)[0]

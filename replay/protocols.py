@@ -113,7 +113,6 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
         from sketchrec.privacy.accounting import calibrate_noise
         z = calibrate_noise(target_epsilon, ledger.delta if ledger else 1e-5, q, planned)
         dp = model.dp = replace(dp, noise_multiplier=z * dp.sensitivity_factor)
-        model._stepper = None  # built again with the calibrated noise
     z = dp.epoch_multiplier()
     allowed = planned
     if ledger is not None and budget is not None and z > 0:

@@ -44,7 +44,7 @@ class Sketch:
     @property
     def nbytes(self) -> int:
         """Bytes of sketch state (the fixed memory the sketch costs)."""
-        return int(self.cells.nbytes + sum(a.nbytes for a in self._extra_arrays().values()))
+        return int(sum(a.nbytes for a in self.state_arrays().values()))
 
     def merge(self, other: Self) -> Self:
         """Add another sketch of the same shape and seed into this one, in place."""
@@ -63,21 +63,34 @@ class Sketch:
     def copy(self) -> Self:
         return type(self).from_bytes(self.to_bytes())
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The whole state by name: ``cells`` and what is kept beside them (what ``to_bytes``
+        writes; a holder of several sketches stores these under its own names)."""
+        return {"cells": self.cells, **self._extra_arrays()}
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Adopt ``state_arrays()`` of a sketch with the same params (the arrays, not copies)."""
+        cells = arrays["cells"]
+        if cells.shape != self.cells.shape or cells.dtype != self.cells.dtype:
+            raise ValueError(f"{self.kind} cells do not match its parameters")
+        self.cells = cells
+        self._load_extra_arrays({name: a for name, a in arrays.items() if name != "cells"})
+
     def to_bytes(self) -> bytes:
-        return serial.pack(self.kind, self.params(), {"cells": self.cells, **self._extra_arrays()})
+        return serial.pack(self.kind, self.params(), self.state_arrays())
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> Self:
         params, arrays = serial.unpack(blob, cls.kind)
         sketch = cls(**params)
-        if arrays["cells"].shape != sketch.cells.shape or arrays["cells"].dtype != sketch.cells.dtype:
-            raise ValueError("sketch blob cells do not match its parameters")
-        sketch.cells = arrays.pop("cells")
-        sketch._load_extra_arrays(arrays)
+        sketch.load_state_arrays(arrays)
         return sketch
 
     def __eq__(self, other: object) -> bool:
-        return (type(other) is type(self) and other.params() == self.params()
-                and np.array_equal(self.cells, other.cells))
+        if type(other) is not type(self) or other.params() != self.params():
+            return False
+        mine, theirs = self.state_arrays(), other.state_arrays()
+        return mine.keys() == theirs.keys() and all(np.array_equal(a, theirs[n])
+                                                    for n, a in mine.items())
 
     __hash__ = None  # mutable

@@ -119,12 +119,6 @@ class CountSketch(Sketch):
         self.cells = np.zeros((self.depth, self.width), dtype=np.float32)
         self._salts: dict[int, np.ndarray] = {}
 
-    @classmethod
-    def for_space_gain(cls, n_ids: int, dim: int, space_gain: float = 1.0, depth: int = 4,
-                       seed: int = 0) -> "CountSketch":
-        """Width from the space gain gamma (eq. 4.9): w = ceil(n_ids * d / (gamma * k))."""
-        return cls(width_for_space_gain(n_ids, dim, space_gain, depth), depth, dim, seed)
-
     def params(self) -> dict:
         return {"width": self.width, "depth": self.depth, "dim": self.dim, "seed": self.seed}
 
@@ -160,7 +154,12 @@ class CountSketch(Sketch):
 
 
 def width_for_space_gain(n_ids: int, dim: int, space_gain: float, depth: int) -> int:
-    """Eq. 4.9: w = ceil((|U| + |I|) d / (gamma k)); at least 1."""
+    """The sketch sizing, eq. 4.9: the width w = ceil((|U| + |I|) d / (gamma k)) that holds n_ids
+    d-dimensional vectors at space gain gamma over dense storage; at least 1.
+
+    >>> width_for_space_gain(1000, 32, 2.0, 4)
+    4000
+    """
     if space_gain <= 0:
         raise ValueError("space_gain must be positive")
     return max(1, math.ceil(n_ids * dim / (space_gain * depth)))

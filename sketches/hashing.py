@@ -82,24 +82,27 @@ def salt_table(seed: int, family: int, rows: int, cols: int) -> np.ndarray:
 # Python call (~0.5 us, and it holds the GIL); ids from files and Kafka arrive as int arrays, and the
 # learner's batch path hashed 2 ids per rating that way (a fifth of its time). This port is checked
 # against mmh3 on every integer range in tests/test_sketches.py, so keys are unchanged.
-_MM_C1 = np.uint64(0x87C37B91114253D5)
-_MM_C2 = np.uint64(0x4CF5AD432745937F)
-_FM1 = np.uint64(0xFF51AFD7ED558CCD)
-_FM2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
+# All arithmetic stays in uint64 (mixing in Python ints would make numba promote to float64).
 _U64 = np.uint64
+_MM_C1, _MM_C2 = _U64(0x87C37B91114253D5), _U64(0x4CF5AD432745937F)
+# (shift, multiplier, shift, multiplier, shift) of the two 64-bit finalisers (see _finalise)
+_MURMUR_FMIX = (_U64(33), _U64(0xFF51AFD7ED558CCD), _U64(33), _U64(0xC4CEB9FE1A85EC53), _U64(33))
+_SPLITMIX = (_U64(30), _U64(0xBF58476D1CE4E5B9), _U64(27), _U64(0x94D049BB133111EB), _U64(31))
+
+
+@njit(inline="always", cache=True)
+def _finalise(z, constants):
+    """xor-shift, multiply, xor-shift, multiply, xor-shift: the finaliser shape MurmurHash3's
+    fmix64 and splitmix64 share, each with its own constants (global tuples: folded at compile)."""
+    a, m1, b, m2, c = constants
+    z = (z ^ (z >> a)) * m1
+    z = (z ^ (z >> b)) * m2
+    return z ^ (z >> c)
 
 
 @njit(inline="always", cache=True)
 def _rotl(x, r):
     return (x << _U64(r)) | (x >> _U64(64 - r))
-
-
-@njit(inline="always", cache=True)
-def _fmix(k):
-    k = (k ^ (k >> _S33)) * _FM1
-    k = (k ^ (k >> _S33)) * _FM2
-    return k ^ (k >> _S33)
 
 
 @njit(inline="always", cache=True)
@@ -134,7 +137,7 @@ def _murmur3_low(text, n, seed):
     h2 ^= _U64(n)
     h1 += h2
     h2 += h1
-    h1, h2 = _fmix(h1), _fmix(h2)
+    h1, h2 = _finalise(h1, _MURMUR_FMIX), _finalise(h2, _MURMUR_FMIX)
     return h1 + h2
 
 
@@ -164,22 +167,14 @@ def _int_keys(values, seed):
     return out
 
 
-# splitmix64's finaliser: a bijection on 64-bit words with full avalanche. All arithmetic stays in
-# uint64 (mixing in Python ints would make numba promote to float64).
-_C1 = np.uint64(0xBF58476D1CE4E5B9)
-_C2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
-_ONE = np.uint64(1)
-_S32 = np.uint64(32)
+_S11, _S32 = _U64(11), _U64(32)
+_INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
 
 @njit(inline="always", cache=True)
 def mix64(z):
-    z = (z ^ (z >> _S30)) * _C1
-    z = (z ^ (z >> _S27)) * _C2
-    return z ^ (z >> _S31)
+    """splitmix64's finaliser: a bijection on 64-bit words with full avalanche."""
+    return _finalise(z, _SPLITMIX)
 
 
 @njit(inline="always", cache=True)
@@ -188,22 +183,10 @@ def reduce32(h, width):
     return np.int64(((h >> _S32) * np.uint64(width)) >> _S32)
 
 
-_S11 = np.uint64(11)
-_INV53 = 1.0 / 9007199254740992.0  # 2**-53
-
-
 @njit(inline="always", cache=True)
 def unit_interval(h):
     """A uniform draw in [0, 1) from the top 53 bits of a 64-bit hash."""
     return np.float64(h >> _S11) * _INV53
-
-
-@njit(inline="always", cache=True)
-def address_sign(key, salt, width):
-    """Cell address in [0, width) and sign (+1.0 / -1.0) of a key under one salt (width < 2**32)."""
-    h = mix64(key ^ salt)
-    sign = 1.0 if (h & _ONE) == _ONE else -1.0
-    return reduce32(h, width), sign
 
 
 @njit(inline="always", cache=True)

@@ -125,10 +125,10 @@ def test_light_ids_keep_only_light_dim_components():
     data = stream(seed=4)
     model = SketchMF(dim=8, width=4096, heavy_fraction=0.0, light_dim=3, seed=1)
     model.learn_many(data.users, data.items, data.ratings)
-    from sketchrec.models import kernels as K
+    from sketchrec.models._sgd import init_rows
     users = np.unique(data.users)
-    learned = model.user_vectors(users) - K.init_rows(keys_of(users), model._init_salts[USER],
-                                                      model.init_std)
+    learned = model.user_vectors(users) - init_rows(keys_of(users), model._init_salts[USER],
+                                                    model.init_std)
     assert np.abs(learned[:, :3]).max() > 1e-3
     np.testing.assert_array_equal(learned[:, 3:], 0.0)
 

@@ -92,7 +92,7 @@ def learned_parameters(model: SketchMF) -> np.ndarray:
     """Everything SGD writes: sketch cells and heavy-filter slots (the ids' slots hold what
     they learned while they hold one)."""
     return np.concatenate([model.vectors.cells.ravel(), model.biases.cells.ravel(),
-                           model.heavy.vectors.ravel()])
+                           model.heavy.cells.ravel()])
 
 
 def test_sgld_noise_has_the_documented_variance():

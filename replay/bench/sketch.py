@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from sketchrec.sketches import CountSketch, keys_of
+from sketchrec.sketches import CountSketch, keys_of, width_for_space_gain
 
 
 def _best_of(runs: int, fn) -> float:
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> dict:
     ids = rng.integers(0, args.distinct, args.ids)
     keys = keys_of(ids)  # hashing happens once at ingestion, not per access
     deltas = rng.normal(0, 0.01, (args.batch, args.dim))
-    sketch = CountSketch.for_space_gain(args.distinct, args.dim, 1.0, args.depth, seed=1)
+    sketch = CountSketch(width_for_space_gain(args.distinct, args.dim, 1.0, args.depth), args.depth,
+                         args.dim, seed=1)
     dense = np.zeros((args.distinct, args.dim), dtype=np.float32)
     sketch.update_many(keys[:10], deltas[:10])  # compile before timing
 

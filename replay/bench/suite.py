@@ -36,7 +36,7 @@ if model_name == "sketch":
     from sketchrec.models import SketchMF
     model = SketchMF(capacity=200_000, dim=32, space_gain=4.0)
     # make the fixed allocation resident (numpy's zeros are mapped lazily, page by page)
-    for fixed in (model.vectors.cells, model.biases.cells, *model.heavy.args()):
+    for fixed in (model.vectors.cells, model.biases.cells, *model.store.heavy):
         fixed.fill(0)
 elif model_name == "dense":
     from sketchrec.models import DenseMF

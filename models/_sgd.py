@@ -12,6 +12,8 @@ Latent vectors start from a deterministic hash-derived uniform draw (std ``init_
 stored random cells: the sketch holds only what was learned, a new id gets its own starting
 vector, and the dense and sketch learners start from identical points.
 
+The sketch learner's kernels take its parameters as one ``models.storage.FactorStore``.
+
 The loops run sequentially (true SGD order) with the GIL released, so a concurrent reader can
 query the model while it learns; a reader may see a vector mid-update but never a NaN.
 """
@@ -24,6 +26,7 @@ from numba import njit
 from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
 from sketchrec.sketches.hashing import mix64, unit_interval
 from sketchrec.models.heavy_filter import find, touch
+from sketchrec.models.storage import ITEM, USER
 
 # positions in the hyper-parameter vector handed to the kernels
 LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU = range(6)
@@ -216,14 +219,25 @@ def locate_in_sketch(cells, bias_cells, salts, bsalts, key, addr, sign, baddr, b
     return -1
 
 
-@njit(nogil=True, cache=True)
-def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
-                 fkeys, ffamilies, fcounts, fvectors, ukeys, ikeys, ratings, hp, stats, counters,
-                 out_pred):
-    """Sequential SGD over a batch; out_pred[n] is the prediction made before rating n was learned.
+@njit(inline="always", cache=True)
+def unpack(store):
+    """The store's arrays as plain locals, each family's salts apart: a kernel takes them once
+    before its loop (tuple fields or views read per rating made predictions 1.6x slower)."""
+    salts, bias_salts, init_salts = store.salts, store.bias_salts, store.init_salts
+    keys, families, counts, vectors = store.heavy
+    return (store.cells, store.bias_cells, salts[USER], salts[ITEM], bias_salts[USER],
+            bias_salts[ITEM], init_salts[USER], init_salts[ITEM], keys, families, counts, vectors)
 
-    Ids holding a heavy-filter slot (fkeys...fvectors, see sketches.heavy_filter) are read and
+
+@njit(nogil=True, cache=True)
+def sketch_learn(store, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
+    """Sequential SGD over a batch on a ``FactorStore``; out_pred[n] is the prediction made before
+    rating n was learned.
+
+    Ids holding a heavy-filter slot (``store.heavy``, see models.heavy_filter) are read and
     written there; every rating first counts its user and item in the filter."""
+    (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
+     fkeys, ffamilies, fcounts, fvectors) = unpack(store)
     k, sketched = salts_u.shape
     d = init_u.shape[0]
     au = np.empty((k, sketched), dtype=np.int64)
@@ -249,9 +263,9 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
     clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
     for n in range(ukeys.shape[0]):
         clock += _ONE
-        uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], 0,
+        uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], USER,
                         hp[INIT_STD], au, su, p, p0)
-        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], 1,
+        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], ITEM,
                         hp[INIT_STD], ai, si, q, q0)
         bu = read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], abu, sbu, b)
         bi = read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], abi, sbi, b)
@@ -259,12 +273,12 @@ def sketch_learn(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u
         out_pred[n] = clip_to_range(pred, stats)
         # count the sightings after the prediction, which is then exactly what predict_many
         # returns beforehand; an id admitted now takes its step in its new slot
-        uslot = touch(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, salts_u, salts_i,
-                      bsalts_u, bsalts_i, ukeys[n], 0, uslot, clock, au, su, abu, sbu, exchange)
+        uslot = touch(fkeys, ffamilies, fcounts, fvectors, store, ukeys[n], USER, uslot, clock,
+                      au, su, abu, sbu, exchange)
         if islot >= 0 and islot == uslot:  # the user took the item's slot: the item is in the sketch
             islot = locate_in_sketch(cells, bias_cells, salts_i, bsalts_i, ikeys[n], ai, si, abi, sbi)
-        islot = touch(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, salts_u, salts_i,
-                      bsalts_u, bsalts_i, ikeys[n], 1, islot, clock, ai, si, abi, sbi, exchange)
+        islot = touch(fkeys, ffamilies, fcounts, fvectors, store, ikeys[n], ITEM, islot, clock,
+                      ai, si, abi, sbi, exchange)
         if uslot >= 0 and uslot == islot:  # and the other way round
             uslot = locate_in_sketch(cells, bias_cells, salts_u, bsalts_u, ukeys[n], au, su, abu, sbu)
         take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
@@ -291,14 +305,15 @@ def read_scratch(salts, init_salts):
 
 
 @njit(nogil=True, cache=True)
-def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
-                   fkeys, ffamilies, fcounts, fvectors, ukeys, ikeys, hp, stats, clip, out):
+def sketch_predict(store, ukeys, ikeys, hp, stats, clip, out):
+    (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
+     fkeys, ffamilies, fcounts, fvectors) = unpack(store)
     addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u, init_u)
     mu = mean_of(stats)
     for n in range(ukeys.shape[0]):
-        uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], 0,
+        uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], USER,
                         hp[INIT_STD], addr, sign, p, start)
-        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], 1,
+        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], ITEM,
                         hp[INIT_STD], addr, sign, q, start)
         pred = (mu + dot(p, q)
                 + read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], baddr, bsign, b)
@@ -307,24 +322,27 @@ def sketch_predict(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init
 
 
 @njit(nogil=True, cache=True)
-def sketch_score(cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
-                 fkeys, ffamilies, fcounts, fvectors, ukey, ikeys, hp, stats, out):
+def sketch_score(store, ukey, ikeys, hp, stats, out):
     """Unclipped scores of many items for ONE user (ranking): the user's vector is read once."""
+    (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
+     fkeys, ffamilies, fcounts, fvectors) = unpack(store)
     addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u, init_u)
-    uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukey, 0,
+    uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukey, USER,
                     hp[INIT_STD], addr, sign, p, start)
     base = mean_of(stats) + read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukey, baddr, bsign, b)
     for n in range(ikeys.shape[0]):
-        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], 1,
+        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], ITEM,
                         hp[INIT_STD], addr, sign, q, start)
         out[n] = (base + dot(p, q)
                   + read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], baddr, bsign, b))
 
 
 @njit(nogil=True, cache=True)
-def sketch_factors(cells, bias_cells, salts, bsalts, init_salts, fkeys, ffamilies, fcounts,
-                   fvectors, keys, family, init_std, vectors, biases):
+def sketch_factors(store, keys, family, init_std, vectors, biases):
     """Latent vectors and biases of many ids of one family, as the model sees them."""
+    cells, bias_cells, salts, bsalts, init_salts = (store.cells, store.bias_cells, store.salts[family],
+                                                    store.bias_salts[family], store.init_salts[family])
+    fkeys, ffamilies, fcounts, fvectors = store.heavy
     addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts, init_salts)
     for n in range(keys.shape[0]):
         slot = read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, keys[n],
