@@ -20,7 +20,7 @@ import pytest
 
 from sketchrec.data import Ratings
 from sketchrec.models import SketchMF
-from sketchrec.models import kernels as K
+from sketchrec.models._sgd import LR
 from sketchrec.models.dp_sgd import DPConfig, clipped_gradient_sum
 from sketchrec.privacy.accounting import PrivacyLedger, calibrate_noise
 from sketchrec.privacy.audit import Canaries, epsilon_lower_bound
@@ -61,7 +61,7 @@ def denoised(model, step) -> tuple[np.ndarray, np.ndarray]:
     """The attacker's estimate of one step's clipped-gradient sum: the served difference over
     lr, minus the noise regenerated from the public seed and the step index."""
     vec0, bias0, _, index, hp, vec1, bias1 = step
-    lr, c = hp[K.LR], model.dp
+    lr, c = hp[LR], model.dp
     rng = noise_generator(SEED, index)
     std = c.noise_multiplier * c.clip
     dv = (vec0.astype(np.float64) - vec1) / lr - std * rng.standard_normal(vec0.shape)
@@ -81,9 +81,9 @@ def canary_scores(model, obs: Observer, canaries: Canaries, steps_of) -> np.ndar
     for t, step in enumerate(obs.steps):
         dv, db = denoised(model, step)
         vec0, bias0, stats, _, hp = step[:5]
-        args = (vec0, bias0, *model._sketch_args()[2:])
+        before = model.store._replace(cells=vec0, bias_cells=bias0)  # the state the step began at
         for i in steps_of(t):
-            clipped_gradient_sum(*args, ukeys[i:i + 1], ikeys[i:i + 1], canaries.ratings[i:i + 1], hp,
+            clipped_gradient_sum(before, ukeys[i:i + 1], ikeys[i:i + 1], canaries.ratings[i:i + 1], hp,
                                  stats, c.clip, 1.0 / np.sqrt(c.batch_size), acc, bacc, offset,
                                  scratch, bscratch, pred)
             nz, bnz = np.nonzero(acc), np.nonzero(bacc)
