@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sketchrec.privacy.mechanisms import BoundedLaplace
+from sketchrec.privacy.bounded_laplace import BoundedLaplace
 
 HEADER = "sketchrec-ldp"  # Kafka header a producer sets on every perturbed message
 

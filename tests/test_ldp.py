@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sketchrec.privacy.ldp import HEADER, Debias, DeviceRandomiser, parse_header
-from sketchrec.privacy.mechanisms import BoundedLaplace
+from sketchrec.privacy.bounded_laplace import BoundedLaplace
 from sketchrec.replay.cli import replay_main
 
 

@@ -11,7 +11,8 @@ import pytest
 from scipy import integrate, stats
 from scipy.optimize import brentq
 
-from sketchrec.privacy.mechanisms import BoundedLaplace, Gaussian, Huber, Laplace, analytic_gaussian_delta
+from sketchrec.privacy.bounded_laplace import BoundedLaplace
+from sketchrec.privacy.mechanisms import Gaussian, Huber, Laplace, analytic_gaussian_delta
 
 N = 100_000
 SEED = 20240611
