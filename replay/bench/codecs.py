@@ -21,7 +21,8 @@ import numpy as np
 
 from sketchrec.data import Ratings, read_ratings
 from sketchrec.models import SketchMF
-from sketchrec.replay.bench.kafka import DEFAULT_DATA, _tansu, bare_consume, learn_from
+from sketchrec.replay.bench import PATH_HELP, data_file
+from sketchrec.replay.bench.kafka import _tansu, bare_consume, learn_from
 from sketchrec.stream.kafka.producer import order_for_topic, produce
 
 
@@ -37,12 +38,12 @@ def measure(data: Ratings, bootstrap: str, codec: str, batch: int, capacity: int
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
     ap.add_argument("--bootstrap")
     ap.add_argument("--codecs", default="none,lz4,zstd")
     ap.add_argument("--batch", default="1,100", help="ratings per message, one topic each")
     args = ap.parse_args(argv)
-    data = order_for_topic(read_ratings(args.path)[0])
+    data = order_for_topic(read_ratings(data_file(args.path))[0])
     capacity = len(np.unique(data.users)) + len(np.unique(data.items))
     SketchMF(capacity=10).learn_many([1], [1], [3.0])  # compile outside the timings
     broker, bootstrap = _tansu() if args.bootstrap is None else (None, args.bootstrap)

@@ -163,8 +163,7 @@ class KafkaLearner:
     def _set_aside(self, batch: codec_errors.UnreadableBatch) -> None:
         self.service.record_skipped({batch.reason: batch.messages})
         self.producer.send(self.dead_topic, value=batch.dead_letter())
-        self.service.offsets[str(batch.partition)] = batch.next_offset
-        self._since_checkpoint += batch.messages
+        self.book.store({batch.partition: batch.next_offset}, batch.messages)
 
     def checkpoint(self, why: str, blocking_commit: bool = True) -> None:
         """Dead letters flushed, then state + offsets durable, then offsets committed."""
