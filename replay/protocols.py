@@ -146,6 +146,15 @@ def rmse_on(model, data: Ratings) -> float:
     return errors.rmse
 
 
+def _kld(train_err: np.ndarray, test_err: np.ndarray) -> float:
+    """Thesis eq. 4.15 between training and test errors; NaN when errors too large for floats
+    (a run with --rating-range none on absurd ratings) overflow it."""
+    try:
+        return kld_from_errors(train_err, test_err)
+    except OverflowError:
+        return float("nan")
+
+
 def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             batch_size: int = 10_000, progress: Progress | None = None,
             extra_train: Ratings | None = None, ledger=None, budget: float | None = None,
@@ -193,7 +202,7 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
     return {"protocol": "holdout", "ratings": learned, "train": len(train), "test": len(test),
             "epochs": epochs, "holdout": fraction, "rmse": errors.rmse, "mae": errors.mae,
             "train_rmse": float(np.sqrt(np.mean(train_err ** 2))),
-            "kld": kld_from_errors(train_err, test_err),  # thesis eq. 4.15: training vs test errors
+            "kld": _kld(train_err, test_err),
             "seconds": seconds, "throughput_per_s": learned / max(seconds, 1e-9),
             **({"dp_training": dp_training} if dp_training else {}),
             **({"interrupted": True} if interrupted else {})}

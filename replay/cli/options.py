@@ -39,6 +39,7 @@ def _number(kind: type, test: Callable[[float], bool], domain: str) -> Callable[
 
 
 positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+window_int = _number(int, lambda v: v >= 2, "an integer >= 2")   # a window fits a Gaussian
 nonnegative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
 finite_float = _number(float, math.isfinite, "a finite number")
 positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
@@ -54,7 +55,12 @@ def speed(text: str) -> float | None:
     >>> speed("max"), speed("3600")
     (None, 3600.0)
     """
-    return None if text == "max" else positive_float(text)
+    if text == "max":
+        return None
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'max' or a finite number > 0, got {text!r}") from None
 
 
 def directory(text: str) -> Path:
@@ -136,7 +142,7 @@ def add_dp_args(ap: argparse.ArgumentParser) -> None:
 
 def add_monitor_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-monitor", action="store_true", help="turn the privacy monitor off")
-    ap.add_argument("--kld-window", type=positive_int, default=20_000, help="ratings in the monitor's KLD window")
+    ap.add_argument("--kld-window", type=window_int, default=20_000, help="ratings in the monitor's KLD window")
     ap.add_argument("--kld-alert", type=nonnegative_float, help="log a warning when the windowed KLD exceeds this")
 
 

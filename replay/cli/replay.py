@@ -4,6 +4,7 @@ learner, reporting its accuracy, speed, memory and privacy figures."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -98,6 +99,10 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
         print(to_json(result), flush=True)
     if result.get("interrupted"):
         return 130
+    if not math.isfinite(result["rmse"]):   # a result, but not a usable one: never exit 0
+        print(f"{prog}: the model diverged (RMSE is not finite); try a smaller --lr or --init-std, "
+              "or check the ratings (--rating-range)", file=sys.stderr)
+        return 1
     if server is not None:
         print(f"replay finished; still serving {server.url} until interrupted (Ctrl-C)",
               file=sys.stderr, flush=True)
@@ -125,8 +130,9 @@ def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     """Check the options against each other and build the source, model, ledger and service."""
     source = open_source(config, prog)
     settings = config.model
-    if config.serving.checkpoint and settings.kind == "river":
-        raise SystemExit("replay: --checkpoint needs a sketchrec model (sketch or dense)")
+    for given, option in ((config.serving.checkpoint, "--checkpoint"), (config.audit_canaries, "--audit-canaries")):
+        if given and settings.kind == "river":
+            raise SystemExit(f"{prog}: {option} needs a sketchrec model (sketch or dense)")
     stream = config.holdout is None
     if config.ldp_epsilon is not None and stream:
         raise SystemExit("replay: --ldp-epsilon is simulated in the holdout protocol (--holdout F); "
