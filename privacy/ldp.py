@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sketchrec.data import FORMAT_RANGES
 from sketchrec.privacy.bounded_laplace import BoundedLaplace
 
 HEADER = "sketchrec-ldp"  # Kafka header a producer sets on every perturbed message
@@ -63,9 +64,8 @@ def parse_header(value: bytes) -> dict | None:
         return None
 
 
-# the rating scale of each format the readers know (sketchrec.data.detect_format); a format not
-# listed has no default: its range must be declared, never guessed (clamping 0.5 to 1 is a bias)
-FORMAT_RANGES = {"ml-100k": (1.0, 5.0), "ml-1m": (1.0, 5.0), "movielens-csv": (0.5, 5.0)}
+# FORMAT_RANGES (sketchrec.data): each format's declared scale; a format without one has no
+# default: its range must be declared, never guessed (clamping 0.5 to 1 is a bias)
 
 
 def declared_range(option: str | tuple | None, fmt: str | None = None) -> tuple[float, float]:

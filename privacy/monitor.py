@@ -42,7 +42,7 @@ class _Moments:
 
     @property
     def var(self) -> float:
-        return max(self.ss / self.n - self.mean ** 2, 0.0) if self.n else math.nan
+        return max(self.ss / self.n - self.mean * self.mean, 0.0) if self.n else math.nan
 
 
 @njit(cache=True)

@@ -43,16 +43,21 @@ def prequential(model, batches: Iterable[Ratings], progress: Progress | None = N
     errors = ErrorStats()
     t0 = time.perf_counter()
     t0_stream = None
-    for batch in batches:
-        t0_stream = _pace(batch, t0_stream, t0, speed)
-        predictions = model.learn_many(batch.users, batch.items, batch.ratings)
-        real = real_rows(batch.users)  # audit canaries are not part of the reported accuracy
-        errors.add(predictions[real], batch.ratings[real])
-        if progress:
-            progress(errors.n, errors.rmse, errors.n / max(time.perf_counter() - t0, 1e-9))
+    interrupted = False
+    try:
+        for batch in batches:
+            t0_stream = _pace(batch, t0_stream, t0, speed)
+            predictions = model.learn_many(batch.users, batch.items, batch.ratings)
+            real = real_rows(batch.users)  # audit canaries are not part of the reported accuracy
+            errors.add(predictions[real], batch.ratings[real])
+            if progress:
+                progress(errors.n, errors.rmse, errors.n / max(time.perf_counter() - t0, 1e-9))
+    except KeyboardInterrupt:  # Ctrl-C: the figures of what was learned so far
+        interrupted = True
     seconds = time.perf_counter() - t0
     return {"protocol": "prequential", "ratings": errors.n, "rmse": errors.rmse, "mae": errors.mae,
-            "seconds": seconds, "throughput_per_s": errors.n / max(seconds, 1e-9)}
+            "seconds": seconds, "throughput_per_s": errors.n / max(seconds, 1e-9),
+            **({"interrupted": True} if interrupted else {})}
 
 
 def split_holdout(ratings: Ratings, fraction: float, seed: int) -> tuple[Ratings, Ratings]:
@@ -140,6 +145,15 @@ def rmse_on(model, data: Ratings) -> float:
     return errors.rmse
 
 
+def _kld(train_err: np.ndarray, test_err: np.ndarray) -> float:
+    """Thesis eq. 4.15 between training and test errors; NaN when errors too large for floats
+    (a run with --rating-range none on absurd ratings) overflow it."""
+    try:
+        return kld_from_errors(train_err, test_err)
+    except OverflowError:
+        return float("nan")
+
+
 def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             batch_size: int = 10_000, progress: Progress | None = None,
             extra_train: Ratings | None = None, ledger=None, budget: float | None = None,
@@ -159,20 +173,25 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
     if predict_map is not None:
         model = Wrapped(model, predict_map=predict_map)
     t0 = time.perf_counter()
+    done = [0]   # ratings learned by the last finished epoch (what Ctrl-C leaves counted)
 
     def each_epoch(epoch: int, learned: int) -> None:
+        done[0] = learned
         if progress:
             fit = ErrorStats()
             fit.add(model.predict_many(test.users, test.items), test.ratings)
             progress(learned, fit.rmse, learned / max(time.perf_counter() - t0, 1e-9))
 
-    dp_training = None
-    if getattr(model, "dp", None) is not None:
-        dp_training = train_private_epochs(model, train, epochs, seed + 1, ledger, budget, each_epoch,
-                                           target_epsilon)
-        learned = dp_training["ratings"]
-    else:
-        learned = train_epochs(model, train, epochs, seed + 1, batch_size, each_epoch)
+    dp_training, interrupted = None, False
+    try:
+        if getattr(model, "dp", None) is not None:
+            dp_training = train_private_epochs(model, train, epochs, seed + 1, ledger, budget,
+                                               each_epoch, target_epsilon)
+            learned = dp_training["ratings"]
+        else:
+            learned = train_epochs(model, train, epochs, seed + 1, batch_size, each_epoch)
+    except KeyboardInterrupt:  # Ctrl-C: evaluate what the finished epochs learned
+        learned, interrupted = done[0], True
     seconds = time.perf_counter() - t0
     test_pred = model.predict_many(test.users, test.items)
     train_err = model.predict_many(train.users, train.items) - train.ratings
@@ -182,6 +201,7 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
     return {"protocol": "holdout", "ratings": learned, "train": len(train), "test": len(test),
             "epochs": epochs, "holdout": fraction, "rmse": errors.rmse, "mae": errors.mae,
             "train_rmse": float(np.sqrt(np.mean(train_err ** 2))),
-            "kld": kld_from_errors(train_err, test_err),  # thesis eq. 4.15: training vs test errors
+            "kld": _kld(train_err, test_err),
             "seconds": seconds, "throughput_per_s": learned / max(seconds, 1e-9),
-            **({"dp_training": dp_training} if dp_training else {})}
+            **({"dp_training": dp_training} if dp_training else {}),
+            **({"interrupted": True} if interrupted else {})}

@@ -7,6 +7,7 @@ their line numbers for the report); it never stops the stream.
 
 from __future__ import annotations
 
+import gzip
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ FORMATS = {
     "ml-100k": "\t",        # u.data: user \t item \t rating \t timestamp, no header
     "ml-1m": "::",          # ml-1m / ml-10m ratings.dat: user::item::rating::timestamp
 }
+# Each format's declared rating scale (its README's): the default --rating-range of `replay` and the
+# declared range of local DP (privacy.ldp). A format not listed has none; nothing guesses one.
+FORMAT_RANGES = {"ml-100k": (1.0, 5.0), "ml-1m": (1.0, 5.0), "movielens-csv": (0.5, 5.0)}
+LEARN_RANGE_FROM = 1_000   # ratings a range is learned from when the format declares none
 
 
 @dataclass
@@ -66,6 +71,8 @@ class ParseReport:
     examples: list[tuple[int, str, str]] = field(default_factory=list)  # (line number, reason, text)
     max_examples: int = 5
     fmt: str | None = None   # the format detect_format found
+    rating_range: tuple[float, float] | None = None   # the ratings kept; None: any finite rating
+    range_source: str = "none"   # where that range came from (given, declared, learned)
 
     def reject(self, line_no: int, reason: str, text: str) -> None:
         self.skipped[reason] += 1
@@ -133,18 +140,74 @@ def _id_array(ids: tuple) -> np.ndarray:
     return np.array([str(x) for x in ids], dtype=object)
 
 
-def read_ratings(path: str | Path, report: ParseReport | None = None) -> tuple[Ratings, ParseReport]:
-    """Read a whole ratings file in any supported format."""
-    report = report or ParseReport()
+MOVIELENS_HEADER = "userid,movieid,rating,timestamp"
+
+
+def open_text(path: str | Path):
+    """A ratings file as text (UTF-8, bad bytes replaced); gzip (by its magic bytes) read
+    transparently. IsADirectoryError, FileNotFoundError etc. as ``open`` raises them."""
     path = Path(path)
+    with path.open("rb") as fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gzipped else open
+    return opener(path, "rt", encoding="utf-8", errors="replace", newline="")
+
+
+class RangeCheck:
+    """Which ratings are kept: those in [lower, upper]. Without a given range: the format's
+    declared scale, else the range of the first ``LEARN_RANGE_FROM`` ratings (1st to 99th
+    percentile) widened on each side by its
+    span or magnitude, so only ratings far outside it are set aside.
+    ``"none"`` keeps every finite rating.
+
+    >>> check = RangeCheck((1.0, 5.0)); check.keeps(5.0), check.keeps(99999.0)
+    (True, False)
+    """
+
+    def __init__(self, given: tuple[float, float] | str | None = None, fmt: str | None = None):
+        self.bounds: tuple[float, float] | None = None
+        self.source = "none"
+        if isinstance(given, tuple):
+            self.bounds, self.source = (float(given[0]), float(given[1])), "given"
+        elif given is None and fmt in FORMAT_RANGES:
+            self.bounds, self.source = FORMAT_RANGES[fmt], f"declared by the format {fmt}"
+        elif given is None:
+            self.source = "learning"
+
+    @property
+    def learning(self) -> bool:
+        return self.source == "learning"
+
+    def learn(self, ratings: list[float]) -> None:
+        """Fix the range from the first ratings (a no-op unless still learning)."""
+        if not self.learning or not ratings:
+            return
+        lo, hi = (float(x) for x in np.percentile(ratings, [1, 99]))
+        span = max(hi - lo, abs(lo), abs(hi), 1.0)   # generous: only far-off ratings go
+        self.bounds = (lo - span, hi + span)
+        self.source = f"learned from the first {len(ratings):,} ratings"
+
+    def keeps(self, rating: float) -> bool:
+        return self.bounds is None or self.bounds[0] <= rating <= self.bounds[1]
+
+
+def read_ratings(path: str | Path, report: ParseReport | None = None,
+                 rating_range: tuple[float, float] | str | None = None) -> tuple[Ratings, ParseReport]:
+    """Read a whole ratings file in any supported format (plain or gzip). A rating outside
+    ``rating_range`` (see ``RangeCheck``) is set aside as "rating out of range". A CSV without
+    MovieLens's header declares no scale, so its range is learned. ValueError: unknown format."""
+    report = report or ParseReport()
     rows: list[tuple] = []
-    with path.open("r", encoding="utf-8", errors="replace", newline="") as fh:
+    with open_text(path) as fh:
         first = fh.readline()
         if not first:
             return _columns(rows), report
         fmt = report.fmt = detect_format(first)
         sep = FORMATS[fmt]
         header = fmt == "movielens-csv" and not first.split(",")[0].strip().isdigit()
+        generic_csv = fmt == "movielens-csv" and first.strip().lower() != MOVIELENS_HEADER
+        check = RangeCheck(rating_range, None if generic_csv else fmt)
+        pending: list[tuple[int, str, tuple]] = []   # read while the range is being learned
         lines = ((1, first),) if not header else ()
         for line_no, text in _chain(lines, enumerate(fh, start=2)):
             report.lines += 1
@@ -155,11 +218,33 @@ def read_ratings(path: str | Path, report: ParseReport | None = None) -> tuple[R
                 report.reject(line_no, "not UTF-8", text)
                 continue
             try:
-                rows.append(parse_line(text, sep))
+                row = parse_line(text, sep)
             except ValueError as exc:
                 report.reject(line_no, str(exc), text)
+                continue
+            if check.learning:
+                pending.append((line_no, text, row))
+                if len(pending) >= LEARN_RANGE_FROM:
+                    _keep_in_range(pending, check, rows, report)
+            elif check.keeps(row[2]):
+                rows.append(row)
+            else:
+                report.reject(line_no, "rating out of range", text)
+        _keep_in_range(pending, check, rows, report)
     report.accepted = len(rows)
+    report.rating_range, report.range_source = check.bounds, check.source
     return _columns(rows), report
+
+
+def _keep_in_range(pending: list, check: RangeCheck, rows: list, report: ParseReport) -> None:
+    """Learn the range from the pending rows, then keep those inside it (in file order)."""
+    check.learn([row[2] for _, _, row in pending])
+    for line_no, text, row in pending:
+        if check.keeps(row[2]):
+            rows.append(row)
+        else:
+            report.reject(line_no, "rating out of range", text)
+    pending.clear()
 
 
 def _chain(*iterables):

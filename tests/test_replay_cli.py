@@ -34,12 +34,12 @@ def test_replay_reports_malformed_lines_and_learns_the_rest(tmp_path, capsys):
     path = tmp_path / "ratings.csv"
     path.write_text("userId,movieId,rating,timestamp\n1,1,4,10\n1,2,x,11\n2,1,3,12\n2\n3,3,5,13\n")
     assert replay_main([str(path), "--quiet", "--json"]) == 0
-    captured = capsys.readouterr().out
-    result = json.loads(captured.strip().splitlines()[-1])
+    out, captured = capsys.readouterr()   # --json: the JSON on stdout, the summary on stderr
+    result = json.loads(out.strip().splitlines()[-1])
     assert result["ratings"] == 3
     assert result["skipped"] == {"non-numeric rating": 1, "missing fields": 1}
     assert [e["line"] for e in result["skipped_examples"]] == [3, 5]
-    assert "malformed lines" in captured and "line 3: non-numeric rating" in captured
+    assert "lines set aside" in captured and "line 3: non-numeric rating" in captured
 
 
 @pytest.mark.parametrize("model", ["dense", "river"])

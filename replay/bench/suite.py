@@ -13,6 +13,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -173,18 +174,29 @@ def _markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def output_dir(out: Path | None) -> Path:
+    """``out`` (created), or without one a new directory under the system's temp directory: a
+    run never leaves files in the working directory unless asked to."""
+    if out is None:
+        return Path(tempfile.mkdtemp(prefix="sketchrec-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sketchrec bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (well under a minute)")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
-    ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    ap.add_argument("--out", type=Path, help="directory for bench.json, bench.md and memory.png "
+                    "(default: a new directory under the system's temp directory, printed at the "
+                    "end, so a run never writes into the repository)")
     ap.add_argument("--data", type=Path, help=PATH_HELP)
     ap.add_argument("--no-kafka", action="store_true")
     ap.add_argument("--no-serving", action="store_true")
     args = ap.parse_args(argv)
     path = data_file(args.data)
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out = output_dir(args.out)
     q = args.quick
     t0 = time.perf_counter()
     report: dict = {"command": "sketchrec bench " + " ".join(argv if argv is not None else sys.argv[1:]),

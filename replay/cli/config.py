@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
-from sketchrec.replay.cli.options import ACCESS, parse_host_port, parse_range
+from sketchrec.replay.cli.options import ACCESS, parse_host_port
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class DPSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "DPSettings":
         return cls(args.dp_epsilon, args.dp_noise, args.sgld_dp, args.dp_delta, args.dp_clip,
-                   args.dp_batch, args.dp_unit, args.dp_user_cap, parse_range(args.dp_range),
+                   args.dp_batch, args.dp_unit, args.dp_user_cap, tuple(args.dp_range),
                    args.budget_epsilon)
 
     @property
@@ -115,6 +117,27 @@ class ModelSettings:
         except ValueError as exc:
             raise SystemExit(f"{prog}: {exc}") from exc
 
+    def warm(self, dp=None, say: Callable[[str], None] | None = None, prog: str = "replay") -> None:
+        """Compile numba's kernels (or load them from its cache) by learning a few ratings on a
+        throwaway model of these settings, so no run counts compile time as learning time. When
+        that takes over a second (the first run compiles, ~25 s), ``say`` is told once."""
+        if self.kind == "river":
+            return
+        import numpy as np
+        notice = threading.Timer(1.0, say, ["compiling kernels (first run only)…"]) if say else None
+        if notice:
+            notice.daemon = True
+            notice.start()
+        try:
+            model, ids = self.build(64, dp, prog), np.arange(1, 9, dtype=np.int64)
+            model.learn_many(ids, ids, np.full(8, 3.0))
+            model.predict_many(ids, ids)
+            if dp is not None:
+                model.noisy_step(ids, ids, np.full(8, 3.0))
+        finally:
+            if notice:
+                notice.cancel()
+
 
 @dataclass(frozen=True)
 class MonitorSettings:
@@ -165,6 +188,7 @@ class ReplayConfig:
     ldp_range: tuple[float, float] | None   # declared; None: the file format's scale
     ldp_debias: bool
     synthetic: tuple[int, int, int]   # ratings, users, items
+    rating_range: tuple[float, float] | str | None   # --rating-range; None: the format's, or learned
     model: ModelSettings
     dp: DPSettings
     monitor: MonitorSettings
@@ -174,19 +198,10 @@ class ReplayConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReplayConfig":
         dp = DPSettings.from_args(args)
-        return cls(args.path, args.order, _speed(args.speed), args.quiet, args.json, args.holdout,
+        return cls(args.path, args.order, args.speed, args.quiet, args.json, args.holdout,
                    args.epochs, args.seed, args.batch_size, args.audit_canaries, args.ldp_epsilon,
-                   parse_range(args.ldp_range) if args.ldp_range else None, args.ldp_debias,
+                   args.ldp_range, args.ldp_debias,
                    (args.synthetic_ratings, args.synthetic_users, args.synthetic_items),
-                   ModelSettings.from_args(args, dp.enabled), dp, MonitorSettings.from_args(args),
+                   args.rating_range, ModelSettings.from_args(args, dp.enabled), dp, MonitorSettings.from_args(args),
                    ServingSettings.from_args(args), args.capacity)
 
-
-def _speed(text: str) -> float | None:
-    try:
-        speed = None if text == "max" else float(text)
-    except ValueError:
-        speed = -1.0
-    if speed is not None and not speed > 0:
-        raise SystemExit("replay: --speed must be 'max' or a positive number")
-    return speed

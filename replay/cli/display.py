@@ -2,6 +2,39 @@
 
 from __future__ import annotations
 
+import json
+import math
+import sys
+
+import numpy as np
+
+
+def say(line: str) -> None:
+    """One line of news for the person at the terminal (stderr: stdout may carry the JSON)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def json_safe(value):
+    """``value`` with numpy scalars as Python numbers and every non-finite float as None.
+
+    >>> json_safe({"rmse": float("nan"), "n": np.int64(3), "xs": (1.5, np.inf)})
+    {'rmse': None, 'n': 3, 'xs': [1.5, None]}
+    """
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def to_json(result: dict) -> str:
+    """The result as one line of strict JSON (NaN and infinities become null)."""
+    return json.dumps(json_safe(result), allow_nan=False, default=float)
+
 
 class ProgressBar:
     """A rich progress bar on stderr with live RMSE and ratings/s (or nothing when quiet)."""
@@ -34,9 +67,13 @@ class ProgressBar:
 def summary(result: dict) -> str:
     """The human report of a replay result (the JSON line carries every number)."""
     p = result["params"]
+    set_aside = result["ratings"] - result["learned"]
     lines = [
-        f"sketchrec replay — {result['source']} ({result['protocol']}, model={result['model']})",
-        f"  ratings learned   {result['ratings']:,}"
+        f"sketchrec replay — {result['source']} ({result['protocol']}, model={result['model']})"
+        + ("  INTERRUPTED: partial results" if result.get("interrupted") else ""),
+        f"  ratings learned   {result['learned']:,}"
+        + (f" of {result['ratings']:,} (the model set {set_aside:,} aside: loss clipping or divergence)"
+           if set_aside else "")
         + (f"  (train {result['train']:,} / test {result['test']:,}, {result['epochs']} epochs)"
            if result["protocol"] == "holdout" else f"  (order: {result['order']})"),
         f"  RMSE / MAE        {result['rmse']:.4f} / {result['mae']:.4f}",
@@ -59,8 +96,11 @@ def summary(result: dict) -> str:
                  + " (eq. 4.15, heuristic)"
                  + (f"; canary audit epsilon >= {priv['audit_epsilon_lower_bound']:.2f} (95%)"
                     if "audit" in priv else ""))
+    if result.get("rating_range"):
+        lo, hi = result["rating_range"]
+        lines.append(f"  rating range      [{lo:g}, {hi:g}] ({result['rating_range_source']})")
     if result["skipped_total"]:
-        lines.append(f"  malformed lines   {result['skipped_total']:,} set aside: "
-                     + ", ".join(f"{r}: {c}" for r, c in result["skipped"].items()))
+        lines.append(f"  lines set aside   {result['skipped_total']:,}: "
+                     + ", ".join(f"{r}: {c:,}" for r, c in result["skipped"].items()))
         lines += [f"    line {e['line']}: {e['reason']}: {e['text']!r}" for e in result["skipped_examples"]]
     return "\n".join(lines)

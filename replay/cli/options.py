@@ -1,38 +1,114 @@
-"""The argparse groups the commands share (learner, DP-SGD, monitor, serving) and the parsers of
-their small text formats ("L,U", "HOST:PORT")."""
+"""The argparse groups the commands share (learner, DP-SGD, monitor, serving), the typed
+converters that check every option's domain where it is parsed (a value outside it ends the
+command with one line, ``PROG: argument --X: ...``), and the parsers of the small text
+formats ("L,U", "HOST:PORT")."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
+from typing import Callable
 
 from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
 from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, ``PROG: ...`` (no usage block): SystemExit
+    with the message, as every other check of the commands ends (printed to stderr, exit 1)."""
+
+    def error(self, message: str):
+        raise SystemExit(f"{self.prog}: {message} (see --help)")
+
+
+def _number(kind: type, test: Callable[[float], bool], domain: str) -> Callable[[str], float]:
+    """An argparse ``type``: ``kind(text)``, accepted when ``test`` holds, else a message naming
+    the ``domain``."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {domain}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {domain}, got {text!r}")
+        return value
+    convert.__name__ = domain  # argparse names the type in some messages
+    return convert
+
+
+positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+window_int = _number(int, lambda v: v >= 2, "an integer >= 2")   # a window fits a Gaussian
+nonnegative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+finite_float = _number(float, math.isfinite, "a finite number")
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+nonnegative_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+epsilon_float = _number(float, lambda v: v > 0, "a number > 0 or 'inf'")       # nan fails v > 0
+unit_fraction = _number(float, lambda v: 0 < v < 1, "a fraction strictly between 0 and 1")
+heavy_fraction = _number(float, lambda v: 0 <= v < 1, "a fraction in [0, 1)")
+
+
+def speed(text: str) -> float | None:
+    """--speed: 'max' (None: as fast as possible) or a finite multiple of real time > 0.
+
+    >>> speed("max"), speed("3600")
+    (None, 3600.0)
+    """
+    if text == "max":
+        return None
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'max' or a finite number > 0, got {text!r}") from None
+
+
+def directory(text: str) -> Path:
+    """A directory to write into: it may not exist yet, but must not be a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    return path
+
+
+def value_range(text: str) -> tuple[float, float]:
+    """--dp-range/--ldp-range: "L,U", finite, L < U."""
+    try:
+        lo, hi = parse_range(text)
+    except SystemExit as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise argparse.ArgumentTypeError(f"expected L,U with finite L < U, got {text!r}")
+    return lo, hi
+
+
+def rating_range(text: str) -> tuple[float, float] | str:
+    """--rating-range: "L,U" or 'none' (keep every finite rating)."""
+    return "none" if text.strip().lower() == "none" else value_range(text)
+
+
 def add_model_args(ap: argparse.ArgumentParser) -> None:
     """The learner's options, shared by replay and consume (DP-SGD's among them)."""
-    ap.add_argument("--dim", type=int, help=f"latent dimension d (default {DEFAULTS['dim']}; "
+    ap.add_argument("--dim", type=positive_int, help=f"latent dimension d (default {DEFAULTS['dim']}; "
                     f"{DP_DEFAULTS['dim']} with DP-SGD)")
-    ap.add_argument("--depth", type=int, default=DEFAULTS["depth"], help="sketch rows k (1 = feature hashing)")
+    ap.add_argument("--depth", type=positive_int, default=DEFAULTS["depth"], help="sketch rows k (1 = feature hashing)")
     width = ap.add_mutually_exclusive_group()
-    width.add_argument("--space-gain", type=float, default=DEFAULTS["space_gain"],
+    width.add_argument("--space-gain", type=positive_float, default=DEFAULTS["space_gain"],
                        help="gamma: width = ceil((|U|+|I|) d / (gamma k)) (eq. 4.9)")
-    width.add_argument("--width", type=int, help="sketch width w, given directly")
-    ap.add_argument("--heavy-fraction", type=float, help="share of the sketch's memory given to "
+    width.add_argument("--width", type=positive_int, help="sketch width w, given directly")
+    ap.add_argument("--heavy-fraction", type=heavy_fraction, help="share of the sketch's memory given to "
                     f"exact slots of heavy users and items (default {DEFAULT_HEAVY_FRACTION}; "
                     "0 = the thesis's pure count sketch, and always 0 with DP-SGD)")
-    ap.add_argument("--light-dim", type=int, help="components the other ids keep in the sketch "
+    ap.add_argument("--light-dim", type=positive_int, help="components the other ids keep in the sketch "
                     "(default: as many as fill it about once, at most d)")
-    ap.add_argument("--lr", type=float, help=f"learning rate eta (default {DEFAULTS['lr']}; "
+    ap.add_argument("--lr", type=positive_float, help=f"learning rate eta (default {DEFAULTS['lr']}; "
                     f"{DP_DEFAULTS['lr']} with DP-SGD)")
-    ap.add_argument("--reg", type=float, help=f"L2 regularisation lambda (default {DEFAULTS['reg']}; "
+    ap.add_argument("--reg", type=nonnegative_float, help=f"L2 regularisation lambda (default {DEFAULTS['reg']}; "
                     f"{DP_DEFAULTS['reg']} with DP-SGD)")
-    ap.add_argument("--bias-reg", type=float, default=DEFAULTS["bias_reg"], help="L2 weight of the biases")
-    ap.add_argument("--init-std", type=float, default=DEFAULTS["init_std"], help="std of start vectors")
-    ap.add_argument("--sgld", type=float, metavar="TAU", help="SGLD with temperature TAU")
-    ap.add_argument("--clip-loss", type=float, metavar="EPS",
+    ap.add_argument("--bias-reg", type=nonnegative_float, default=DEFAULTS["bias_reg"], help="L2 weight of the biases")
+    ap.add_argument("--init-std", type=nonnegative_float, default=DEFAULTS["init_std"], help="std of start vectors")
+    ap.add_argument("--sgld", type=nonnegative_float, metavar="TAU", help="SGLD with temperature TAU")
+    ap.add_argument("--clip-loss", type=positive_float, metavar="EPS",
                     help="thesis data clipping: skip a rating when (r - r^)^2 > EPS")
     add_dp_args(ap)
 
@@ -40,34 +116,34 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
 def add_dp_args(ap: argparse.ArgumentParser) -> None:
     dp = ap.add_argument_group("DP-SGD (a proven (epsilon, delta) bound; see README 'Privacy')")
     noise = dp.add_mutually_exclusive_group()
-    noise.add_argument("--dp-epsilon", type=float, metavar="E",
+    noise.add_argument("--dp-epsilon", type=epsilon_float, metavar="E",
                        help="train with DP-SGD, noise calibrated so the planned run costs E "
                        "('inf': clipping without noise)")
-    noise.add_argument("--dp-noise", type=float, metavar="SIGMA",
+    noise.add_argument("--dp-noise", type=nonnegative_float, metavar="SIGMA",
                        help="train with DP-SGD at this noise multiplier; epsilon is accounted")
-    noise.add_argument("--sgld-dp", type=float, metavar="TAU",
+    noise.add_argument("--sgld-dp", type=positive_float, metavar="TAU",
                        help="SGLD at temperature TAU with clipped gradients: the Langevin noise "
                        "(sqrt(k lr TAU) per cell per step) is a Gaussian mechanism, accounted "
                        "like DP-SGD's with sigma = sqrt(k TAU / lr) / C")
-    dp.add_argument("--dp-delta", type=float, default=DP_DEFAULTS["delta"])
-    dp.add_argument("--dp-clip", type=float, default=DP_DEFAULTS["clip"], metavar="C",
+    dp.add_argument("--dp-delta", type=unit_fraction, default=DP_DEFAULTS["delta"])
+    dp.add_argument("--dp-clip", type=positive_float, default=DP_DEFAULTS["clip"], metavar="C",
                     help="L2 bound of one rating's update in sketch-cell space")
-    dp.add_argument("--dp-batch", type=int, default=DP_DEFAULTS["batch"], metavar="B",
+    dp.add_argument("--dp-batch", type=positive_int, default=DP_DEFAULTS["batch"], metavar="B",
                     help="ratings per noisy step (expected, with Poisson sampling in epochs)")
     dp.add_argument("--dp-unit", choices=("rating", "user"), default="rating",
                     help="what is protected: one rating, or one user's whole history")
-    dp.add_argument("--dp-user-cap", type=int, metavar="M",
+    dp.add_argument("--dp-user-cap", type=positive_int, metavar="M",
                     help="ratings kept per user (required with --dp-unit user)")
-    dp.add_argument("--dp-range", default="0.5,5", metavar="L,U",
+    dp.add_argument("--dp-range", type=value_range, default="0.5,5", metavar="L,U",
                     help="public rating range: predictions are clipped to it")
-    dp.add_argument("--budget-epsilon", type=float, metavar="E",
+    dp.add_argument("--budget-epsilon", type=positive_float, metavar="E",
                     help="stop learning (keep serving) before the spent epsilon would exceed E")
 
 
 def add_monitor_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-monitor", action="store_true", help="turn the privacy monitor off")
-    ap.add_argument("--kld-window", type=int, default=20_000, help="ratings in the monitor's KLD window")
-    ap.add_argument("--kld-alert", type=float, help="log a warning when the windowed KLD exceeds this")
+    ap.add_argument("--kld-window", type=window_int, default=20_000, help="ratings in the monitor's KLD window")
+    ap.add_argument("--kld-alert", type=nonnegative_float, help="log a warning when the windowed KLD exceeds this")
 
 
 # --access-control's choices, as create_app's ``access`` argument
@@ -81,7 +157,7 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--admin-token", default=os.environ.get("SKETCHREC_ADMIN_TOKEN"),
                     help="bearer token for POST /checkpoint, /pause, /resume (default: "
                     "$SKETCHREC_ADMIN_TOKEN; none: admin endpoints disabled)")
-    ap.add_argument("--checkpoint", metavar="DIR", type=Path,
+    ap.add_argument("--checkpoint", metavar="DIR", type=directory,
                     help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
     add_access_args(ap)
 

@@ -4,7 +4,7 @@ learner, reporting its accuracy, speed, memory and privacy figures."""
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -13,11 +13,14 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
-from sketchrec.data import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
+from sketchrec.data import Ratings
 from sketchrec.replay.cli.config import ReplayConfig
-from sketchrec.replay.cli.display import ProgressBar, summary
-from sketchrec.replay.cli.options import add_model_args, add_monitor_args, add_serving_args
+from sketchrec.replay.cli.display import ProgressBar, say, summary, to_json
+from sketchrec.replay.cli.options import (Parser, add_model_args, add_monitor_args, add_serving_args,
+                                          nonnegative_int, positive_float, positive_int, rating_range,
+                                          speed, unit_fraction, value_range)
 from sketchrec.replay.cli.serve import serve_until_interrupted, start_server
+from sketchrec.replay.cli.source import Source, open_source, path_problem
 
 if TYPE_CHECKING:  # the run's parts, imported when a command needs them
     from sketchrec.models.dp_sgd import DPConfig
@@ -32,102 +35,79 @@ RSS_EVERY = 1_000_000  # ratings between two samples of the process's resident m
 
 
 def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog=prog, description="Replay a ratings file (or the built-in synthetic stream) as a stream "
         "into an online recommender and report its accuracy and speed.")
     ap.add_argument("path", nargs="?", help="ratings file: MovieLens ratings.csv, ml-100k u.data or "
                     "ml-1m/10m ratings.dat (auto-detected); omitted: the synthetic stream")
     ap.add_argument("--order", choices=("time", "file", "shuffle"), default="time")
-    ap.add_argument("--speed", default="max", help="'max', or X = multiple of real time (timestamps)")
+    ap.add_argument("--rating-range", type=rating_range, metavar="L,U|none",
+                    help="ratings outside [L, U] are set aside by reason (default: the format's "
+                    "declared scale, 1,5 for u.data and ratings.dat, 0.5,5 for MovieLens "
+                    "ratings.csv; else learned from the first ratings); 'none': any finite rating")
+    ap.add_argument("--speed", type=speed, default=None, help="'max', or X = multiple of real time (timestamps)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object of results")
-    ap.add_argument("--holdout", type=float, metavar="F", help="holdout protocol: test fraction F")
-    ap.add_argument("--epochs", type=int, default=20, help="epochs of the holdout protocol")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true",
+                    help="stdout: one JSON object of results, nothing else (the summary goes to stderr)")
+    ap.add_argument("--holdout", type=unit_fraction, metavar="F", help="holdout protocol: test fraction F")
+    ap.add_argument("--epochs", type=positive_int, default=20, help="epochs of the holdout protocol")
+    ap.add_argument("--seed", type=nonnegative_int, default=0)
     ap.add_argument("--model", choices=("sketch", "dense", "river"), default="sketch")
     add_model_args(ap)
-    ap.add_argument("--batch-size", type=int, default=10_000)
-    ap.add_argument("--capacity", type=int, metavar="N",
+    ap.add_argument("--batch-size", type=positive_int, default=10_000)
+    ap.add_argument("--capacity", type=positive_int, metavar="N",
                     help="distinct users + items the sketch is sized for (default: counted from the "
                     "data; in the DP modes a public default, never the data's count)")
     add_monitor_args(ap)
-    ap.add_argument("--audit-canaries", type=int, metavar="M", default=0,
+    ap.add_argument("--audit-canaries", type=nonnegative_int, metavar="M", default=0,
                     help="one-run canary audit: M canary ratings, each trained on with probability 1/2")
-    ap.add_argument("--ldp-epsilon", type=float, metavar="E",
+    ap.add_argument("--ldp-epsilon", type=positive_float, metavar="E",
                     help="holdout only: perturb each training rating with Bounded Laplace, as a "
                     "device would (test ratings stay raw)")
-    ap.add_argument("--ldp-range", metavar="L,U", help="declared rating range of --ldp-epsilon "
+    ap.add_argument("--ldp-range", type=value_range, metavar="L,U", help="declared rating range of --ldp-epsilon "
                     "(default: the file format's scale, e.g. 1,5 for u.data, 0.5,5 for ratings.csv)")
     ap.add_argument("--ldp-debias", action="store_true",
                     help="map predictions back through the mechanism's mean (undo its centre bias)")
-    ap.add_argument("--synthetic-ratings", type=int, default=SYNTHETIC["ratings"])
-    ap.add_argument("--synthetic-users", type=int, default=SYNTHETIC["users"])
-    ap.add_argument("--synthetic-items", type=int, default=SYNTHETIC["items"])
+    ap.add_argument("--synthetic-ratings", type=positive_int, default=SYNTHETIC["ratings"])
+    ap.add_argument("--synthetic-users", type=positive_int, default=SYNTHETIC["users"])
+    ap.add_argument("--synthetic-items", type=positive_int, default=SYNTHETIC["items"])
     add_serving_args(ap)
     return ap
 
 
 def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
+    """Run `replay`: 0 when done, 130 when interrupted (Ctrl-C: the partial summary of what was
+    learned); a bad option or file ends it with a one-line message on stderr (SystemExit)."""
     args = build_parser(prog).parse_args(argv)
-    if args.path and not Path(args.path).is_file():
-        print(f"{prog}: no such file: {args.path}", file=sys.stderr)
+    problem = path_problem(args.path) if args.path else None
+    if problem:
+        print(f"{prog}: {problem}", file=sys.stderr)
         return 2
-    config = ReplayConfig.from_args(args)
-    run = prepare(config)
-    server = None
-    if config.serving.listen:
-        server = start_server(run.service, config.serving)
-    result = execute(run)
+    try:  # the checks below end the command by SystemExit with a one-line message
+        config = ReplayConfig.from_args(args)
+        run = prepare(config, prog)
+        server = start_server(run.service, config.serving) if config.serving.listen else None
+        result = execute(run)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted before any rating was learned", file=sys.stderr)
+        return 130
     if server is not None:
         result["serving"] = server.url
-    print(summary(result))
+    # with --json stdout carries the JSON object only, so `replay ... --json | jq` works
+    print(summary(result), file=sys.stderr if config.json else sys.stdout, flush=True)
     if config.json:
-        print(json.dumps(result, default=float), flush=True)
+        print(to_json(result), flush=True)
+    if result.get("interrupted"):
+        return 130
+    if not math.isfinite(result["rmse"]):   # a result, but not a usable one: never exit 0
+        print(f"{prog}: the model diverged (RMSE is not finite); try a smaller --lr or --init-std, "
+              "or check the ratings (--rating-range)", file=sys.stderr)
+        return 1
     if server is not None:
         print(f"replay finished; still serving {server.url} until interrupted (Ctrl-C)",
               file=sys.stderr, flush=True)
         serve_until_interrupted(server)
     return 0
-
-
-@dataclass
-class Source:
-    """The ratings to replay: the whole file (None for the synthetic stream), as batches."""
-
-    data: Ratings | None
-    batches: Iterable[Ratings]
-    capacity: int      # distinct users + items: sizes the sketch (public in the DP modes)
-    total: int
-    name: str
-    report: ParseReport
-    fmt: str | None = None   # the file's format (sketchrec.data.detect_format); None: synthetic
-
-
-def open_source(config: ReplayConfig) -> Source:
-    if not config.path:
-        n_ratings, n_users, n_items = config.synthetic
-        synth = SyntheticStream(n_ratings, n_users, n_items, seed=config.seed)
-        return Source(None, synth.batches(config.batch_size),
-                      _capacity(config, synth.n_users + synth.n_items), synth.n_ratings,
-                      "synthetic", ParseReport())
-    data, report = read_ratings(config.path)
-    if len(data) == 0:
-        raise SystemExit(f"replay: no valid ratings in {config.path}")
-    if config.holdout is None:  # a holdout split depends on the data set and seed only
-        data = order_ratings(data, config.order, config.seed)
-    batches = data.batches(config.batch_size if config.speed is None else 100)
-    return Source(data, batches, _capacity(config, data.n_ids()), len(data), str(config.path),
-                  report, report.fmt)
-
-
-def _capacity(config: ReplayConfig, counted: int) -> int:
-    """--capacity, else the data's count; in the DP modes never the count (it would make the
-    released model's shape depend on single ratings: privacy.release)."""
-    from sketchrec.privacy.release import public_capacity
-    try:
-        return public_capacity(config.dp.enabled, config.capacity, counted)
-    except ValueError as exc:
-        raise SystemExit(f"replay: --capacity: {exc}") from None
 
 
 @dataclass
@@ -146,12 +126,13 @@ class Run:
     ldp: LDPSettings | None = None   # the simulated device-side LDP of the holdout protocol
 
 
-def prepare(config: ReplayConfig) -> Run:
+def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     """Check the options against each other and build the source, model, ledger and service."""
-    source = open_source(config)
+    source = open_source(config, prog)
     settings = config.model
-    if config.serving.checkpoint and settings.kind == "river":
-        raise SystemExit("replay: --checkpoint needs a sketchrec model (sketch or dense)")
+    for given, option in ((config.serving.checkpoint, "--checkpoint"), (config.audit_canaries, "--audit-canaries")):
+        if given and settings.kind == "river":
+            raise SystemExit(f"{prog}: {option} needs a sketchrec model (sketch or dense)")
     stream = config.holdout is None
     if config.ldp_epsilon is not None and stream:
         raise SystemExit("replay: --ldp-epsilon is simulated in the holdout protocol (--holdout F); "
@@ -167,7 +148,10 @@ def prepare(config: ReplayConfig) -> Run:
         dp = config.dp.config(stream=stream, depth=settings.depth, lr=settings.lr)
         if dp.noise_multiplier > 0 or config.dp.target:
             ledger = _ledger(config)
-    model = settings.build(source.capacity, dp)
+    # compile numba's kernels on a throwaway model first: compiling is not learning time, and the
+    # real model is built after it (its constructor seeds the kernels' random generator)
+    settings.warm(dp, None if config.quiet else say)
+    model = settings.build(source.capacity, dp, prog)
     if ledger is not None and stream and not ledger.begin_pass(dp.stream_multiplier(), config.dp.budget):
         raise SystemExit(f"replay: one pass at noise multiplier {dp.noise_multiplier:.4g} would "
                          f"spend more than --budget-epsilon {config.dp.budget}")
@@ -267,6 +251,8 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
     result.update({
         "model": config.model.kind, "source": run.source.name, "order": config.order,
         "skipped": dict(report.skipped), "skipped_total": report.n_skipped,
+        "rating_range": None if report.rating_range is None else list(report.rating_range),
+        "rating_range_source": report.range_source if config.path else None,
         "skipped_examples": [{"line": n, "reason": r, "text": t} for n, r, t in report.examples],
         "model_bytes": int(model.nbytes), "rss_mb": round(rss_mb(), 1), "rss_samples": rss,
         "params": _params(run),
@@ -282,6 +268,9 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
     result["kld"] = holdout_kld if holdout_kld is not None else result["privacy"].get("kld")
     if run.service is not None and run.service.checkpoints is not None:
         result["checkpoint"] = run.service.checkpoint()
+    params = result["params"]  # what the model set aside (loss clipping, divergence) was not learned
+    result["learned"] = result["ratings"] - (params.get("skipped_by_clip_loss") or 0) \
+        - (params.get("skipped_diverged") or 0)
     return result
 
 
