@@ -117,8 +117,8 @@ def test_wrong_checksum_is_refused_and_discarded(monkeypatch, server, pinned):
 def test_truncated_download_is_refused(monkeypatch, server, pinned):
     spec, cache = pinned
     use(monkeypatch, server, "short")
-    with pytest.raises(FetchError, match=rf"truncated download .*: {len(ARCHIVE) // 2} of {len(ARCHIVE)} bytes"
-                       rf" \(expected sha256 {spec.sha256}\)"):
+    with pytest.raises(FetchError, match=rf"truncated download .*: {len(ARCHIVE) // 2} of "
+                       rf"{len(ARCHIVE)} bytes \(expected sha256 {spec.sha256}\)"):
         fetch("ml-100k", log=lambda _: None)
     assert_nothing_kept(cache)
 

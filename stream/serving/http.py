@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 
+from sketchrec.stream.serving.dashboard import dashboard_router
 from sketchrec.stream.serving.service import LearningService
 
 MAX_ID = 256
@@ -79,6 +80,7 @@ def create_app(service: LearningService, admin_token: str | None = None,
     app = FastAPI(title="sketchrec", version="0.1.0",
                   description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
+    app.include_router(dashboard_router())  # the live page at / (polls /stats and /privacy)
     registry = CollectorRegistry()
     registry.register(_ServiceCollector(lambda: app.state.service))
     latency = Histogram("sketchrec_request_seconds", "Request latency", ["endpoint"], registry=registry,
