@@ -5,11 +5,10 @@ beside it), so the server stays stateless and nothing is fetched from a CDN at r
 The page keeps the history in the browser; reloading it starts a new history. Fields that are
 missing (a learner without a monitor, /privacy moved behind a token) show as "n/a".
 
->>> from fastapi import FastAPI
->>> app = FastAPI()
->>> app.include_router(dashboard_router())
->>> sorted(r.path for r in app.routes if r.path.startswith("/dashboard") or r.path == "/")
+>>> sorted(route.path for route in dashboard_router().routes)
 ['/', '/dashboard/{name}']
+>>> b"uPlot" in (STATIC / "uPlot.iife.min.js").read_bytes()[:100]   # shipped with the package
+True
 """
 
 from __future__ import annotations
