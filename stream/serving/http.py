@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from sketchrec.privacy.access import UserTokens
 from sketchrec.privacy.release import access_control_default, public_stats
 from sketchrec.privacy.report import central_dp, operator_figures
+from sketchrec.stream.serving.dashboard import dashboard_router
 from sketchrec.stream.serving.service import LearningService
 
 MAX_ID = 256
@@ -110,6 +111,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
                   description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
     app.state.user_tokens = tokens   # None: no per-user access control
+    app.include_router(dashboard_router())  # the live page at / (polls /stats and /privacy)
     registry = CollectorRegistry()
     registry.register(_ServiceCollector(lambda: app.state.service))
     latency = Histogram("sketchrec_request_seconds", "Request latency", ["endpoint"], registry=registry,

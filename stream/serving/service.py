@@ -48,6 +48,7 @@ class LearningService:
         self.last_checkpoint: dict | None = None
         self.audit = audit
         self.ledger = ledger
+        self.budget: float | None = None  # the epsilon budget of the private passes (public)
         self.budget_stopped = False     # learning refused: the privacy budget is spent
         self.origin = {"perturbed_on_device": 0, "raw": 0, "mechanism": None}  # local DP (headers)
         self.debias_ldp = debias_ldp
@@ -93,6 +94,7 @@ class LearningService:
         figures = privacy_figures(self.recommender.model, self.recommender.monitor, self.audit,
                                   self.ledger)
         figures["budget_exhausted"] = self.budget_stopped
+        figures["epsilon_budget"] = self.budget
         mech = self.origin.get("mechanism")
         if mech and not self.origin["raw"] and figures["mode"] == "non-private":
             figures.update(LDPSettings.from_mechanism(mech).figures())  # every rating came perturbed
@@ -135,6 +137,7 @@ class LearningService:
             return True
         if self.ledger is None:
             self.ledger = PrivacyLedger(unit, delta)
+        self.budget = budget
         self.budget_stopped = not self.ledger.begin_pass(dp.stream_multiplier(), budget)
         return not self.budget_stopped
 
