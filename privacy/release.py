@@ -3,7 +3,7 @@
 The release (what a central-DP guarantee covers): the model's cells, biases and offset, the
 answers of /predict and the scores of /recommend, and what /privacy shows. Everything else —
 checkpoints, per-user cap counts, exact counters, the monitor's raw moments, Bloom filters,
-popularity, the catalogue — is operator state (docs/privacy-surfaces.md has the full table).
+popularity, the catalogue — is operator state (README "What the guarantee covers" has the full table).
 
 - ``public_capacity``: in a DP mode the model's shape comes from public parameters only. The sketch
   width was the exact count of distinct users + items (defect D4: replacing the only rating of

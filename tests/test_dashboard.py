@@ -21,8 +21,10 @@ from sketchrec.privacy.monitor import PrivacyMonitor
 from sketchrec.stream.serving.dashboard import ASSETS
 from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.serving.recommender import Recommender
-from sketchrec.stream.serving.service import LearningService, ServerThread
+from sketchrec.stream.serving.server import ServerThread
+from sketchrec.stream.serving.service import LearningService
 
+ADMIN = "operator-token"
 BUDGET = 8.0      # epsilon; at noise multiplier 3 five passes fit and the sixth is refused
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -53,7 +55,7 @@ def learn(service, stop, passes=7, pause=0.15):
 @pytest.fixture(scope="module")
 def served():
     service, stop = private_service(), threading.Event()
-    app = create_app(service)
+    app = create_app(service, ADMIN)   # a DP service: access control and the release line are on
     server = ServerThread(app, "127.0.0.1", 0).start()
     learner = threading.Thread(target=learn, args=(service, stop), daemon=True)  # started by the test
     yield f"http://127.0.0.1:{server.port}", service, learner
@@ -110,8 +112,9 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(base + "/")
+    page.goto(base + "/#token=" + ADMIN)   # the operator: exact figures come from /admin/privacy
     page.wait_for_function("window.dashboard.polls >= 1", timeout=10_000)
+    assert "token" not in page.url      # taken out of the address bar
     learner.start()  # once the page watches: a slow machine then still sees it learn
     # the charts fill while the service learns: several points of RMSE, KLD, epsilon and rate
     page.wait_for_function("""() => {
@@ -123,8 +126,9 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     assert not learner.is_alive() and service.budget_stopped     # learning ended: figures now still
     polls = page.evaluate("window.dashboard.polls")
     page.wait_for_function(f"window.dashboard.polls >= {polls + 2}", timeout=10_000)
-    with httpx.Client(base_url=base, timeout=10) as client:
-        stats, privacy = client.get("/stats").json(), client.get("/privacy").json()
+    with httpx.Client(base_url=base, timeout=10, headers={"Authorization": f"Bearer {ADMIN}"}) as client:
+        admin = client.get("/admin/privacy").json()
+        stats, privacy = admin["stats"], client.get("/privacy").json() | admin["monitor"]
     assert int(card(page, "learned")) == stats["ratings_learned"] > 0
     assert float(card(page, "rmse")) == stats["prequential_rmse"]
     assert float(card(page, "kld")) == privacy["kld"]
@@ -143,12 +147,24 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     page.fill("#try-k", "5")
     page.click("#try button")
     page.wait_for_selector("#try-out tr:nth-child(6)")
-    expected = httpx.get(base + "/recommend", params={"user": "7", "k": 5}).json()
+    expected = httpx.get(base + "/recommend", params={"user": "7", "k": 5},
+                         headers={"Authorization": f"Bearer {ADMIN}"}).json()
     shown = page.locator("#try-out td:nth-child(2)").all_inner_texts()
     assert shown == [str(x["item"]) for x in expected["items"]]
     assert errors == []
     page.screenshot(path=os.environ.get("SKETCHREC_DASHBOARD_PNG") or tmp_path / "dashboard.png",
                     full_page=True)
+    page.close()
+
+
+def test_without_the_operator_token_a_dp_service_shows_only_its_release(served, browser):
+    base, service, _ = served
+    page = browser.new_page()
+    page.goto(base + "/")
+    page.wait_for_function("window.dashboard.polls >= 2", timeout=10_000)
+    assert card(page, "eps") != ""                 # the guarantee is public
+    for name in ("learned", "rmse", "kld", "kldc"):  # exact figures are operator state here
+        assert card(page, name) == ""
     page.close()
 
 
@@ -161,5 +177,5 @@ def test_missing_privacy_figures_show_as_na(served, browser):
     for name in ("kld", "kldc", "eps"):
         assert card(page, name) == ""
     assert page.inner_text("#v-kld") == "n/a" and page.inner_text("#v-eps") == "n/a / n/a"
-    assert int(card(page, "learned")) == service.ratings_learned   # /stats still drawn
+    assert int(card(page, "mem")) == service.recommender.model.nbytes   # /stats still drawn
     page.close()

@@ -25,9 +25,21 @@ function show(id, value, text) {   // text for people, data-value for machines (
   el.textContent = text;
   el.dataset.value = value === null || value === undefined ? "" : String(value);
 }
+// The operator's admin token, from the page's fragment (/#token=...: a fragment never reaches a
+// server or its logs) or this tab's session. With it the page also reads GET /admin/privacy: in
+// the DP modes the exact figures (monitor, counters) are operator state, kept off the public routes.
+const TOKEN = (() => {
+  const given = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (given) {
+    sessionStorage.setItem("sketchrec-token", given);
+    history.replaceState(null, "", location.pathname);   // out of the address bar
+  }
+  return sessionStorage.getItem("sketchrec-token");
+})();
+const AUTH = TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {};
 async function getJSON(path) {   // null on any failure: a field that moved or a route behind a token
   try {
-    const r = await fetch(path, { cache: "no-store" });
+    const r = await fetch(path, { cache: "no-store", headers: AUTH });
     return r.ok ? await r.json() : null;
   } catch (e) {
     return null;
@@ -137,8 +149,17 @@ function render(stats, privacy, rate) {
   document.getElementById("kld-note").textContent = privacy.kld_note ? `KLD: ${privacy.kld_note}` : "";
 }
 
+const HIDDEN_STATS = ["ratings_learned", "skipped", "prequential_rmse", "catalogue_items",
+                      "serving_bytes", "throughput_per_s"];
+const pick = (obj, keys) => Object.fromEntries(keys.filter((k) => obj && k in obj).map((k) => [k, obj[k]]));
+
 async function poll() {
-  const [stats, privacy] = await Promise.all([getJSON("stats"), getJSON("privacy")]);
+  let [stats, privacy, admin] = await Promise.all([getJSON("stats"), getJSON("privacy"),
+    TOKEN ? getJSON("admin/privacy") : null]);
+  if (admin && stats !== null) {   // the operator's exact figures fill what the release leaves out
+    stats = { ...admin.stats, ...stats, ...pick(admin.stats, HIDDEN_STATS) };
+    privacy = { ...(privacy || {}), ...(admin.monitor || {}) };
+  }
   if (stats === null) {
     document.getElementById("status").textContent = "cannot reach /stats: retrying";
   } else {
@@ -165,7 +186,7 @@ document.getElementById("try").addEventListener("submit", async (event) => {
   const k = document.getElementById("try-k").value || "10";
   out.textContent = "…";
   try {
-    const r = await fetch(`recommend?${new URLSearchParams({ user, k })}`);
+    const r = await fetch(`recommend?${new URLSearchParams({ user, k })}`, { headers: AUTH });
     const body = await r.json();
     if (!r.ok) throw new Error(typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail));
     const table = document.createElement("table");
