@@ -65,6 +65,23 @@ class JointDPConfig:
     debug_noise_seed: int | None = None  # reproducible noise: NO guarantee (tests only)
 
 
+def item_statistics(n_items: int, users: np.ndarray, items: np.ndarray, y: np.ndarray,
+                    sol: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
+    """The exact per-item statistics of one ALS release, in scaled units: sum u u^T and
+    sum clip(y - c_user, clip) / clip * u over the given (kept) ratings, with each user's vector
+    ``sol[:, :-1]`` clipped to norm 1 and offset ``sol[:, -1]``."""
+    d = sol.shape[1] - 1
+    vec = sol[:, :d] / np.maximum(1.0, np.linalg.norm(sol[:, :d], axis=1))[:, None]  # ||u|| <= 1
+    u = vec[users]
+    x = np.clip(y - sol[users, d], -clip, clip) / clip
+    gram = np.zeros((n_items, d, d))
+    for a in range(d):
+        for b in range(a, d):
+            gram[:, a, b] = gram[:, b, a] = np.bincount(items, u[:, a] * u[:, b], n_items)
+    rhs = np.stack([np.bincount(items, x * u[:, a], n_items) for a in range(d)], axis=1)
+    return gram, rhs
+
+
 class PrivateALS:
     """Joint-DP ALS over a public item ``catalogue``; ``fit`` then ``predict_many``."""
 
@@ -124,18 +141,11 @@ class PrivateALS:
 
     def _item_release(self, enc: Encoded, y: np.ndarray, keep: np.ndarray, sol: np.ndarray) -> np.ndarray:
         c, d = self.config, self.rank
-        vec = sol[:, :d] / np.maximum(1.0, np.linalg.norm(sol[:, :d], axis=1))[:, None]  # ||u|| <= 1
-        who, item = enc.users[keep], enc.items[keep]
-        u = vec[who]
-        x = np.clip(y[keep] - sol[who, d], -c.clip_residual, c.clip_residual) / c.clip_residual
-        gram = np.zeros((enc.n_items, d, d))
-        for a in range(d):
-            for b in range(a, d):
-                gram[:, a, b] = gram[:, b, a] = np.bincount(item, u[:, a] * u[:, b], enc.n_items)
-        rhs = np.stack([np.bincount(item, x * u[:, a], enc.n_items) for a in range(d)], axis=1)
+        gram, rhs = item_statistics(enc.n_items, enc.users[keep], enc.items[keep], y[keep], sol,
+                                    c.clip_residual)
         std = self._noise("factors")[1]
-        gram += symmetric_noise(enc.n_items, d, std, self._rng())
-        rhs += gaussian(rhs.shape, std, self._rng())
+        gram, rhs = gram + symmetric_noise(enc.n_items, d, std, self._rng()), \
+            rhs + gaussian(rhs.shape, std, self._rng())
         w, q = np.linalg.eigh(gram)  # post-processing: project the noisy Gram to PSD, then ridge
         ridge = c.reg_item + c.noise_ridge * 2.0 * std * math.sqrt(d)
         inv = np.einsum("nab,nb,ncb->nac", q, 1.0 / (np.maximum(w, 0.0) + ridge), q)

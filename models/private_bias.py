@@ -85,7 +85,7 @@ def ridge_per_user(users: np.ndarray, feats: np.ndarray, y: np.ndarray, n_users:
 def loo_residuals(users: np.ndarray, feats: np.ndarray, y: np.ndarray, sol: np.ndarray,
                   inv: np.ndarray) -> np.ndarray:
     """Leave-one-out residuals of the per-user ridge fits (e / (1 - h), h the leverage)."""
-    lev = np.einsum("nk,nkl,nl->n", feats, inv[users], feats)
+    lev = np.minimum(np.einsum("nk,nkl,nl->n", feats, inv[users], feats), 1.0 - 1e-9)
     return (y - np.einsum("nk,nk->n", feats, sol[users])) / (1.0 - lev)
 
 
@@ -96,6 +96,7 @@ class BiasRelease:
     mu: float
     item_bias: np.ndarray
     counts: np.ndarray
+    sums: np.ndarray  # noisy sums of clipped centred ratings / half-range
 
     def baseline(self, items: np.ndarray) -> np.ndarray:
         """The private baseline's predictions (catalogue positions; -1: the mean)."""
@@ -121,7 +122,7 @@ def release_biases(enc: Encoded, keep: np.ndarray, rating_range: tuple[float, fl
     pos = np.maximum(counts, 1.0)
     shrink = pos + damping + (half * std_items) ** 2 / pos / prior_var
     bias = np.clip((half * sums - offset * np.maximum(counts, 0.0)) / shrink, -2 * half, 2 * half)
-    return BiasRelease(mid + offset, bias, counts)
+    return BiasRelease(mid + offset, bias, counts, sums)
 
 
 def own_offsets(users: np.ndarray, residual: np.ndarray, n_users: int, reg: float) -> np.ndarray:

@@ -25,15 +25,14 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-import dp_accounting
-from dp_accounting import pld
-
-from sketchrec.privacy.accounting import GaussianSteps, PrivacyLedger, calibrate_noise, neighbouring
+from sketchrec.privacy.accounting import (GaussianSteps, PrivacyLedger, calibrate_noise, epsilon_of,
+                                          neighbouring)
 
 # public splits of the budget (of 1/z^2, or of epsilon for the Laplace stages), tuned on ML-100k's
 # training part; the baseline has no per-user offsets to absorb an error in the mean
@@ -94,7 +93,13 @@ class Budget:
     @classmethod
     def calibrate(cls, epsilon: float, delta: float, iterations: int,
                   shares: dict | None = None, laplace: bool = False) -> "Budget":
-        shares = dict(SHARES if shares is None else shares)
+        shares = tuple(sorted((SHARES if shares is None else shares).items()))
+        return _calibrated(cls, float(epsilon), float(delta), int(iterations), shares, bool(laplace))
+
+    @classmethod
+    def _calibrate(cls, epsilon: float, delta: float, iterations: int, shares: tuple,
+                   laplace: bool) -> "Budget":
+        shares = dict(shares)
         if iterations == 0:  # no factor model: its share goes to the biases
             shares = {**shares, "biases": shares["biases"] + shares["factors"], "factors": 0.0}
         if laplace:
@@ -103,14 +108,8 @@ class Budget:
             lap = {k: (rest / (pure * shares[k]) if shares[k] > 0 else math.inf) for k in LAPLACE_STAGES}
             z = math.inf
             if iterations:
-                events = [GaussianSteps(v, mechanism="laplace").event() for v in lap.values()
-                          if math.isfinite(v)]
-                z = float(dp_accounting.calibrate_dp_mechanism(
-                    lambda: pld.PLDAccountant(value_discretization_interval=1e-4),
-                    lambda m: dp_accounting.ComposedDpEvent(
-                        events + [GaussianSteps(m, count=iterations).event()]),
-                    epsilon, delta, bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-2, 10.0),
-                    tol=1e-3))
+                z = _calibrate_after([GaussianSteps(v, mechanism="laplace") for v in lap.values()
+                                      if math.isfinite(v)], epsilon, delta, iterations)
             return cls(lap["mean"], lap["biases"], z, lap["choice"], iterations, True)
         z = calibrate_noise(epsilon, delta)  # one Gaussian worth the whole budget
 
@@ -128,6 +127,26 @@ class Budget:
             mult, count = getattr(self, stage), self.iterations if stage == "factors" else 1
             if math.isfinite(mult) and count:
                 ledger.record(mult, count=count, mechanism=self.mechanism(stage))
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrated(cls, *args) -> Budget:  # the same plan is calibrated once per process
+    return cls._calibrate(*args)
+
+
+def _calibrate_after(fixed: list, epsilon: float, delta: float, count: int) -> float:
+    """The smallest Gaussian multiplier (to 0.1 %) whose ``count`` releases after ``fixed`` keep
+    the PLD epsilon within the target (geometric bisection; dp-accounting's own calibration
+    wanders into tiny multipliers whose PLD is very slow to build)."""
+    def cost(z):
+        return epsilon_of(fixed + [GaussianSteps(z, count=count)], delta, "pld")
+    lo, hi = 0.25, 1.0
+    while cost(hi) > epsilon:
+        lo, hi = hi, hi * 4
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if cost(mid) <= epsilon else (mid, hi)
+    return hi
 
 
 def l1_sensitivity(stage: str) -> float:
