@@ -1,14 +1,14 @@
 """The mechanisms and accounting of the joint-DP modes (issue 23): private ALS and its baseline.
 
 What is released (and covered): the global mean, the item biases, the item factors and the one
-bit "factors or baseline". Each is post-processing of Gaussian releases of per-item sufficient
-statistics, clipped per contribution; nothing else of the data leaves the trainer. Each user's
-own offset and vector are solved from the released item side and that user's OWN ratings and
-answer only that user: joint DP (Kearns et al. 2014; Chien et al. 2021), which holds only if the
+bit "factors or baseline". Each is post-processing of Gaussian releases (Laplace for the one-cell
+releases at rating level) of per-item sufficient statistics, clipped per contribution; nothing
+else of the data leaves the trainer. Each user's own offset and vector are solved from the
+released item side and that user's OWN ratings and answer only that user: joint DP (Kearns et al. 2014; Chien et al. 2021), which holds only if the
 endpoint answers ``/recommend?user=U`` to U alone (``privacy.access``, docs/user-dp.md).
 
-Budget. Every release is a Gaussian mechanism whose noise multiplier (std / L2 sensitivity) is
-recorded in a ``PrivacyLedger``. A Gaussian of multiplier z has Renyi DP alpha / (2 z^2) at every
+Budget. Every release's noise multiplier (std / L2 sensitivity; Laplace: scale / L1 sensitivity)
+is recorded in a ``PrivacyLedger``. A Gaussian of multiplier z has Renyi DP alpha / (2 z^2) at every
 order, so a composition costs exactly what one Gaussian of multiplier (sum 1/z_k^2)^(-1/2) costs.
 ``Budget`` calibrates that one multiplier to the target (epsilon, delta) with dp-accounting, then
 splits its 1/z^2 among the stages by fixed public shares: the ledger's RDP epsilon equals the

@@ -44,8 +44,7 @@ def test_ledger_proves_the_target_epsilon(unit, rank):
 
 def test_released_bias_statistics_carry_the_calibrated_noise():
     users, items, ratings = toy(n_items=4000, n=20000)
-    cfg, catalogue = JointDPConfig(epsilon=1.0, cap=20), np.arange(4000)
-    enc = encode(users, items, ratings, catalogue)
+    enc = encode(users, items, ratings, np.arange(4000))
     keep = np.ones(len(ratings), bool)
     budget = Budget.calibrate(1.0, 1e-5, 0)
     (mean, _), (noise, std) = (stage_noise(budget, k, "user", 20) for k in ("mean", "biases"))
@@ -54,7 +53,6 @@ def test_released_bias_statistics_carry_the_calibrated_noise():
     exact = np.bincount(enc.items, (ratings - 3.0) / 2.0, 4000)
     for released, true in ((rel.sums, exact), (rel.counts, np.bincount(enc.items, minlength=4000))):
         assert stats.kstest((released - true) / std, "norm").pvalue > 1e-3
-    del cfg
 
 
 def test_factor_statistics_noise_is_symmetric_with_the_calibrated_std():
@@ -168,6 +166,16 @@ def test_whitebox_audit_stays_below_the_proven_epsilon_with_fresh_noise(unit):
 def test_whitebox_audit_catches_reproducible_noise(unit):
     eps_hat, proven = whitebox_audit(unit, SEED)
     assert eps_hat >= 4.0 and proven == math.inf
+
+
+def test_dp_utility_quick(tmp_path):
+    from sketchrec.replay.experiments import registry
+    result = registry()["dp-utility"].run(None, tmp_path, quick=True)
+    rows = result["datasets"][0]["rows"]
+    grid = {(u, e) for u in ("user", "rating") for e in (1.0, 8.0)}
+    assert {(r["unit"], r["epsilon"]) for r in rows} == grid
+    assert all(r["rmse"]["mean"] < r["baseline_rmse"]["mean"] and len(r["rmse"]["runs"]) == 3 for r in rows)
+    assert (tmp_path / "dp_utility.png").stat().st_size > 0 and (tmp_path / "dp_utility.md").exists()
 
 
 # -- the targets of issue 23 on ML-100k (holdout 0.2, split seed 1, delta 1e-5) ------------------
