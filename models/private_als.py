@@ -9,9 +9,9 @@ Training (every release noised and charged to the ledger, ``privacy.joint_dp``):
    statistics sum u u^T and sum clip(y - c_u) u over each user's ``cap`` kept ratings are released
    with Gaussian noise and the item factors re-solved from them (noisy Gram projected to PSD,
    ridge growing with the noise).
-3. Release one bit: a DP comparison of the factor model with the baseline (the noisy sum over
-   users of the clipped leave-one-out error difference). If the baseline wins, every answer is the
-   baseline's and ``figures()['fallback']`` says so.
+3. Release one bit: a DP comparison of the joint model with the baseline (the noisy sum over
+   users of the clipped leave-one-out error difference, a one-sided test). If the baseline is
+   clearly better, every answer is the baseline's and ``figures()['fallback']`` says so.
 
 Answering user U (joint DP: not released, shown to U only): U's offset and vector from U's own
 training ratings and the released item side; U uses the vector only if that lowers U's own
@@ -127,7 +127,7 @@ class PrivateALS:
         coef, loo = self._answer_model(enc.users, enc.items, y, n_users)
         # the DP choice: baseline minus final leave-one-out squared error, mean per user
         diff = np.bincount(enc.users, y ** 2 - loo ** 2, n_users) / np.bincount(enc.users, minlength=n_users)
-        self.chose_factors, self.choice_sum = noisy_choice(diff, self._noise("choice")[0], self._rng())
+        self.chose_factors, self.choice_sum = noisy_choice(diff, *self._noise("choice"), self._rng())
         if self.private:
             self.budget.record(self.ledger)
         self.user_ids, self.coef = enc.user_ids, coef
