@@ -190,13 +190,19 @@ class PrivateALS:
                  "budget_shares": f"{SHARES} of 1/z^2 (the factors' share goes to the biases "
                                   "when rank 0)"}
         if not self.private:
-            return {"mode": "private-als", "epsilon": math.inf, "proven_bound": False,
-                    "guarantee": "none: the non-private reference (no noise)", "fallback":
-                    not self.chose_factors, **extra}
+            return {"mode": "joint-dp", "epsilon": math.inf, "proven_bound": False,
+                    "guarantee": "none: the non-private reference (no noise)", "serving": self.serving(),
+                    "fallback": not self.chose_factors, **extra}
         void = DEBUG_NOTE if self.config.debug_noise_seed is not None else None
-        serving = "private ALS (item factors, each user's own offset and vector)" \
-            if self.chose_factors else FALLBACK
-        return joint_figures(self.ledger, "private-als", serving, not self.chose_factors, void, extra)
+        return joint_figures(self.ledger, "joint-dp", self.serving(), not self.chose_factors, void, extra)
+
+    def serving(self) -> str:
+        """Which model answers (what /privacy shows)."""
+        if not self.chose_factors:
+            return FALLBACK
+        if self.rank:
+            return f"private ALS (rank {self.rank} item factors; each user's own offset and vector)"
+        return "joint-DP bias model (DP mean and item biases; each user's own offset)"
 
 
 class PrivateBaseline:

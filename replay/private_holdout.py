@@ -67,3 +67,20 @@ def train_user_private(train: Ratings, test: Ratings, epsilon: float, delta: flo
             "test_ratings": len(test), "seconds": seconds, "fallback": figures["fallback"],
             "privacy": figures, "baseline_privacy": baseline.figures(),
             "non_private": not math.isfinite(epsilon)}
+
+
+def joint_holdout_report(path: str | Path | None, data: Ratings, fraction: float, seed: int,
+                         epsilon: float, delta: float, unit: str, rating_range: tuple[float, float],
+                         cap: int | None = None, rank: int = 0) -> dict:
+    """What `replay PATH --holdout F --seed S --dp-epsilon E --dp-unit U` reports in the joint-DP
+    mode: the same split as ``replay.protocols.holdout`` (``split_holdout(data, F, S)``), the
+    public catalogue beside PATH, ``JointDPConfig`` defaults unless ``cap`` / ``rank`` are given."""
+    from sketchrec.replay.protocols import split_holdout
+    train, test = split_holdout(data, fraction, seed)
+    catalogue, source = public_catalogue(path, data)
+    cfg = replace(JointDPConfig(), rank=rank, **({"cap": int(cap)} if cap else {}))
+    res = train_user_private(train, test, epsilon, delta, unit, catalogue, rating_range, cfg, source)
+    return {"protocol": "holdout", "fraction": fraction, "rmse": res["rmse"],
+            "baseline_rmse": res["baseline_rmse"], "train_ratings": res["train_ratings"],
+            "test_ratings": res["test_ratings"], "seconds": res["seconds"],
+            "privacy": res["privacy"], "baseline_privacy": res["baseline_privacy"]}

@@ -125,7 +125,9 @@ def test_falls_back_to_the_baseline_when_the_per_user_part_would_lose():
     users, items, ratings = toy(n_users=300, n=2400, seed=3)
     model = PrivateALS(JointDPConfig(epsilon=8.0), np.arange(30)).fit(users, items, ratings)
     assert not model.figures()["fallback"]
-    assert "private ALS" in model.figures()["serving"]
+    assert "own offset" in model.figures()["serving"] and model.figures()["mode"] == "joint-dp"
+    factors = PrivateALS(JointDPConfig(epsilon=8.0, rank=2), np.arange(30)).fit(users, items, ratings)
+    assert "private ALS (rank 2" in factors.figures()["serving"]
 
 
 # -- white-box one-run audit (the idea of tests/test_whitebox_audit.py, on the new mode) ---------
