@@ -132,6 +132,8 @@ def _plot(result: dict, path: Path) -> None:
             ax.axhline(sketch, color="gray", ls="--", label="non-private sketch")
             ax.axhline(1.1 * sketch, color="gray", ls=":", label="1.10 × non-private")
         ax.set_xscale("log")
+        ax.set_xticks(EPSILONS, [f"{e:g}" for e in EPSILONS])
+        ax.minorticks_off()
         ax.set_xlabel("ε (δ = 1e-5)")
         ax.set_ylabel("holdout RMSE")
         ax.set_title(Path(ds["data"]).parent.name, fontsize=9)
