@@ -36,14 +36,25 @@ class Encoded:
 
 
 def encode(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, catalogue: np.ndarray) -> Encoded:
-    """Index the ratings; ratings of items outside the public catalogue are dropped."""
+    """Index the ratings; ratings of items outside the public catalogue are dropped, and of a
+    repeated (user, item) pair only the last is kept.
+
+    >>> e = encode(np.array([1, 1, 2]), np.array([7, 7, 9]), np.array([1.0, 5.0, 3.0]), np.array([7, 9]))
+    >>> e.users.tolist(), e.items.tolist(), e.ratings.tolist()
+    ([0, 1], [0, 1], [5.0, 3.0])
+    """
     order = np.argsort(catalogue, kind="stable")
     pos = np.searchsorted(catalogue[order], items)
     pos = np.minimum(pos, len(catalogue) - 1)
     known = catalogue[order][pos] == items
     user_ids, user_idx = np.unique(users[known], return_inverse=True)
-    return Encoded(user_idx.astype(np.int64), order[pos[known]].astype(np.int64),
-                   np.asarray(ratings, np.float64)[known], user_ids, len(catalogue))
+    item_idx, values = order[pos[known]].astype(np.int64), np.asarray(ratings, np.float64)[known]
+    # one rating per (user, item), the last: a repeated pair would count twice in one item's cell
+    # and break the per-item bounds the sensitivities assume
+    pair = user_idx.astype(np.int64) * len(catalogue) + item_idx
+    _, last = np.unique(pair[::-1], return_index=True)
+    keep = np.sort(len(pair) - 1 - last)
+    return Encoded(user_idx[keep].astype(np.int64), item_idx[keep], values[keep], user_ids, len(catalogue))
 
 
 def item_index(catalogue: np.ndarray, items: np.ndarray) -> np.ndarray:

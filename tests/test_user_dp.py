@@ -24,6 +24,8 @@ ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k" / "
 def toy(n_users=80, n_items=30, n=3000, seed=0, user_effect=True):
     rng = np.random.default_rng(seed)
     users, items = rng.integers(0, n_users, n), rng.integers(0, n_items, n)
+    _, first = np.unique(users * n_items + items, return_index=True)  # one rating per pair
+    users, items, n = users[np.sort(first)], items[np.sort(first)], len(first)
     shift = (users % 3 - 1) if user_effect else 0
     ratings = np.clip(np.round(3 + shift + (items % 2) + rng.normal(0, 0.5, n)), 1, 5)
     return users, items, ratings.astype(float)
@@ -45,12 +47,12 @@ def test_ledger_proves_the_target_epsilon(unit, rank):
 def test_released_bias_statistics_carry_the_calibrated_noise():
     users, items, ratings = toy(n_items=4000, n=20000)
     enc = encode(users, items, ratings, np.arange(4000))
-    keep = np.ones(len(ratings), bool)
+    keep = np.ones(len(enc.ratings), bool)
     budget = Budget.calibrate(1.0, 1e-5, 0)
     (mean, _), (noise, std) = (stage_noise(budget, k, "user", 20) for k in ("mean", "biases"))
     assert std == pytest.approx(budget.biases * math.sqrt(2 * 20))
     rel = release_biases(enc, keep, (1.0, 5.0), mean, noise, std, np.random.default_rng)
-    exact = np.bincount(enc.items, (ratings - 3.0) / 2.0, 4000)
+    exact = np.bincount(enc.items, (enc.ratings - 3.0) / 2.0, 4000)
     for released, true in ((rel.sums, exact), (rel.counts, np.bincount(enc.items, minlength=4000))):
         assert stats.kstest((released - true) / std, "norm").pvalue > 1e-3
 
@@ -105,6 +107,13 @@ def _cap_by(users, priority, cap):
         def random(self, n):
             return priority[:n]
     return capped(users, cap, Fixed())
+
+
+def test_a_repeated_pair_counts_once_so_the_user_bound_holds():
+    users, items = np.zeros(30, int), np.r_[np.zeros(20, int), np.arange(1, 11)]
+    enc = encode(users, items, np.full(30, 5.0), np.arange(11))
+    counts = np.bincount(enc.items, minlength=11)
+    assert counts.max() == 1 and np.sqrt(2 * counts.sum()) <= sensitivity("biases", "user", 20)
 
 
 def test_the_cap_keeps_at_most_cap_ratings_per_user():
