@@ -4,8 +4,8 @@ What is released (and covered): the global mean, the item biases, the item facto
 bit "factors or baseline". Each is post-processing of Gaussian releases (Laplace for the one-cell
 releases at rating level) of per-item sufficient statistics, clipped per contribution; nothing
 else of the data leaves the trainer. Each user's own offset and vector are solved from the
-released item side and that user's OWN ratings and answer only that user: joint DP (Kearns et al. 2014; Chien et al. 2021), which holds only if the
-endpoint answers ``/recommend?user=U`` to U alone (``privacy.access``, docs/user-dp.md).
+released item side and that user's OWN ratings and answer only that user: joint DP (Kearns et
+al. 2014; Chien et al. 2021), which holds only if the endpoint answers ``/recommend?user=U`` to U alone (``privacy.access``, docs/user-dp.md).
 
 Budget. Every release's noise multiplier (std / L2 sensitivity; Laplace: scale / L1 sensitivity)
 is recorded in a ``PrivacyLedger``. A Gaussian of multiplier z has Renyi DP alpha / (2 z^2) at every
