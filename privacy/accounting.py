@@ -38,18 +38,21 @@ RELATIONS = ("add/remove", "replace-one")
 class GaussianSteps:
     """``count`` releases of a Gaussian mechanism with this noise multiplier (noise std over
     sensitivity), each on a Poisson sample of the data taken with probability ``sampling_rate``
-    (1.0: the whole data)."""
+    (1.0: the whole data). ``mechanism="laplace"``: Laplace releases, the multiplier being the
+    scale over the L1 sensitivity (epsilon = 1 / multiplier each)."""
 
     noise_multiplier: float
     sampling_rate: float = 1.0
     count: int = 1
+    mechanism: str = "gaussian"
 
     def __post_init__(self):
         if not self.noise_multiplier > 0 or not 0 < self.sampling_rate <= 1 or self.count < 0:
             raise ValueError("need noise_multiplier > 0, 0 < sampling_rate <= 1, count >= 0")
 
     def event(self) -> dp_accounting.DpEvent:
-        single = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        single = (dp_accounting.LaplaceDpEvent(self.noise_multiplier) if self.mechanism == "laplace"
+                  else dp_accounting.GaussianDpEvent(self.noise_multiplier))
         if self.sampling_rate < 1.0:
             single = dp_accounting.PoissonSampledDpEvent(self.sampling_rate, single)
         return dp_accounting.SelfComposedDpEvent(single, self.count)
@@ -106,14 +109,16 @@ class PrivacyLedger:
         self.relation = relation
 
     def record(self, noise_multiplier: float, sampling_rate: float = 1.0, count: int = 1,
-               relation: str = "add/remove") -> None:
+               relation: str = "add/remove", mechanism: str = "gaussian") -> None:
         """Record ``count`` releases (epoch training: Poisson-sampled steps, add/remove)."""
         self._use(relation)
-        entry = GaussianSteps(float(noise_multiplier), float(sampling_rate), int(count))
-        if self.steps and self.steps[-1].noise_multiplier == entry.noise_multiplier \
-                and self.steps[-1].sampling_rate == entry.sampling_rate:
-            last = self.steps.pop()
-            entry = GaussianSteps(last.noise_multiplier, last.sampling_rate, last.count + entry.count)
+        entry = GaussianSteps(float(noise_multiplier), float(sampling_rate), int(count), mechanism)
+        last = self.steps[-1] if self.steps else None
+        if last and (last.noise_multiplier, last.sampling_rate, last.mechanism) == \
+                (entry.noise_multiplier, entry.sampling_rate, entry.mechanism):
+            self.steps.pop()
+            entry = GaussianSteps(last.noise_multiplier, last.sampling_rate, last.count + entry.count,
+                                  mechanism)
         self.steps.append(entry)
 
     @property
@@ -158,7 +163,8 @@ class PrivacyLedger:
     def to_dict(self) -> dict:
         return {"unit": self.unit, "delta": self.delta, "accountant": self.accountant,
                 "relation": self.relation, "ledger_id": self.ledger_id,
-                "steps": [asdict(s) for s in self.steps]}
+                "steps": [{k: v for k, v in asdict(s).items() if (k, v) != ("mechanism", "gaussian")}
+                          for s in self.steps]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "PrivacyLedger":
