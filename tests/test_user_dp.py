@@ -203,3 +203,21 @@ def test_ml100k_targets():
     assert user1["rmse"] < user1["baseline_rmse"]
     assert rating1["rmse"] <= 1.05 * non_private
     assert user8["privacy"]["epsilon"] <= 8.0 + 1e-2 and rating1["privacy"]["epsilon"] <= 1.0 + 2e-3
+
+
+def test_replay_reaches_the_joint_mode_by_the_user_unit_and_refuses_what_it_cannot_serve(capsys):
+    import json
+
+    from sketchrec.replay.cli import replay_main
+    synth = ["--synthetic-ratings", "6000", "--synthetic-users", "200", "--synthetic-items", "120",
+             "--holdout", "0.2", "--quiet", "--json"]
+    assert replay_main([*synth, "--dp-unit", "user", "--dp-epsilon", "8"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["model"] == "joint-dp" and out["privacy"]["proven_bound"]
+    assert out["privacy"]["privacy_unit"] == "add/remove user" and out["privacy"]["epsilon"] <= 8
+    assert out["rmse"] <= out["baseline_rmse"] or out["privacy"]["fallback"]
+    assert replay_main([*synth, "--dp-unit", "user", "--dp-epsilon", "8", "--dp-model", "sgd",
+                        "--dp-user-cap", "20"]) == 0   # DP-SGD stays reachable
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["model"] == "sketch"
+    with pytest.raises(SystemExit, match="joint-DP mode .* does not take --checkpoint"):
+        replay_main([*synth, "--dp-model", "joint", "--dp-epsilon", "1", "--checkpoint", "/tmp/x"])

@@ -29,12 +29,21 @@ class DPSettings:
     user_cap: int | None = None
     rating_range: tuple[float, float] = (0.5, 5.0)
     budget: float | None = None
+    model: str = "auto"     # --dp-model: the holdout protocol's private learner
+    rank: int = 0           # --dp-rank: the joint mode's item factors
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "DPSettings":
         return cls(args.dp_epsilon, args.dp_noise, args.sgld_dp, args.dp_delta, args.dp_clip,
                    args.dp_batch, args.dp_unit, args.dp_user_cap, tuple(args.dp_range),
-                   args.budget_epsilon)
+                   args.budget_epsilon, args.dp_model, args.dp_rank)
+
+    def joint(self, holdout: bool) -> bool:
+        """Whether the run is the joint-DP mode: epochs (holdout) at a given finite epsilon, and
+        asked for (--dp-model joint), or the user unit's default (auto)."""
+        if self.model == "sgd" or not holdout or self.target is None:
+            return False
+        return self.model == "joint" or self.unit == "user"
 
     @property
     def enabled(self) -> bool:

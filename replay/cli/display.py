@@ -76,11 +76,15 @@ def summary(result: dict) -> str:
            if set_aside else "")
         + (f"  (train {result['train']:,} / test {result['test']:,}, {result['epochs']} epochs)"
            if result["protocol"] == "holdout" else f"  (order: {result['order']})"),
-        f"  RMSE / MAE        {result['rmse']:.4f} / {result['mae']:.4f}",
+        f"  RMSE / MAE        {result['rmse']:.4f} / "
+        + (f"{result['mae']:.4f}" if result.get("mae") is not None else "n/a")
+        + (f"  (private baseline {result['baseline_rmse']:.4f})" if "baseline_rmse" in result else ""),
         f"  time              {result['seconds']:.2f} s  ({result['throughput_per_s']:,.0f} ratings/s)",
-        f"  model memory      {result['model_bytes'] / 1e6:.2f} MB  (process RSS {result['rss_mb']:.0f} MB)",
-        f"  parameters        d={p['dim']} lr={p['lr']} reg={p['reg']}"
-        + (f" k={p['depth']} w={p['width']} gamma={p['space_gain']}" if "depth" in p else ""),
+        "  model memory      " + (f"{result['model_bytes'] / 1e6:.2f} MB" if result["model_bytes"] is not None
+                                  else "n/a") + f"  (process RSS {result['rss_mb']:.0f} MB)",
+        (f"  parameters        d={p['dim']} lr={p['lr']} reg={p['reg']}"
+         + (f" k={p['depth']} w={p['width']} gamma={p['space_gain']}" if "depth" in p else "")
+         if "dim" in p else f"  parameters        " + " ".join(f"{k}={v}" for k, v in p.items())),
         *([f"  heavy filter      {p['heavy_used']:,} of {p['heavy_slots']:,} slots "
            f"({p['heavy_fraction']:g} of the memory); other ids keep {p['light_dim']} of "
            f"{p['dim']} components in the sketch"] if p.get("heavy_slots") else []),

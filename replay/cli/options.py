@@ -133,9 +133,18 @@ def add_dp_args(ap: argparse.ArgumentParser) -> None:
     dp.add_argument("--dp-unit", choices=("rating", "user"), default="rating",
                     help="what is protected: one rating, or one user's whole history")
     dp.add_argument("--dp-user-cap", type=positive_int, metavar="M",
-                    help="ratings kept per user (required with --dp-unit user)")
+                    help="ratings kept per user (required with --dp-unit user and DP-SGD; the "
+                    "joint mode defaults to 80)")
     dp.add_argument("--dp-range", type=value_range, default="0.5,5", metavar="L,U",
                     help="public rating range: predictions are clipped to it")
+    dp.add_argument("--dp-model", choices=("auto", "sgd", "joint"), default="auto",
+                    help="the private learner of `replay --holdout --dp-epsilon`: 'sgd' (DP-SGD on the "
+                    "sketch), 'joint' (joint-DP biases and item factors released, each user's own part "
+                    "solved privately: see README 'User-level DP'); 'auto': joint for --dp-unit user, "
+                    "sgd otherwise; streams (prequential, consume) always use DP-SGD")
+    dp.add_argument("--dp-rank", type=nonnegative_int, default=0, metavar="R",
+                    help="rank of the joint mode's private item factors (0: biases only, the "
+                    "measured best on MovieLens-sized user counts)")
     dp.add_argument("--budget-epsilon", type=positive_float, metavar="E",
                     help="stop learning (keep serving) before the spent epsilon would exceed E")
 

@@ -85,9 +85,13 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
         return 2
     try:  # the checks below end the command by SystemExit with a one-line message
         config = ReplayConfig.from_args(args)
-        run = prepare(config, prog)
-        server = start_server(run.service, config.serving) if config.serving.listen else None
-        result = execute(run)
+        server = None
+        if config.dp.joint(config.holdout is not None):
+            result = _joint(config)
+        else:
+            run = prepare(config, prog)
+            server = start_server(run.service, config.serving) if config.serving.listen else None
+            result = execute(run)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted before any rating was learned", file=sys.stderr)
         return 130
@@ -108,6 +112,16 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
               file=sys.stderr, flush=True)
         serve_until_interrupted(server)
     return 0
+
+
+def _joint(config: ReplayConfig) -> dict:
+    """The joint-DP mode (replay/cli/joint.py) on the whole data set."""
+    from sketchrec.replay.cli.joint import check_joint, run_joint
+    check_joint(config)
+    source = open_source(config, "replay")
+    data = source.data if source.data is not None else Ratings.concat(list(source.batches))
+    return {**run_joint(config, data, source.name, config.path, source.report),
+            "rss_mb": round(rss_mb(), 1)}
 
 
 @dataclass
