@@ -226,10 +226,15 @@ class CheckpointStore:
         return files[-1][0] if files else 0
 
 
+_HOLDS_LEDGER = re.compile(rb'"' + LEDGER.encode() + rb'"\s*:\s*\{')
+
+
 def _mentions_ledger(path: Path) -> bool:
+    """Whether a file (maybe corrupt) holds a ledger: ``"privacy_ledger": {``, not ``: null``
+    (every service checkpoint has the key; a non-private one must still fall back)."""
     try:
         with open(path, "rb") as fh:
-            return LEDGER.encode() in fh.read(1 << 20)
+            return _HOLDS_LEDGER.search(fh.read(1 << 20)) is not None
     except OSError:
         return False
 
