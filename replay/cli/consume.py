@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--checkpoint-every", type=int, default=50_000, metavar="N",
                     help="ratings (and dead letters) between checkpoints")
     ap.add_argument("--checkpoint-seconds", type=float, default=30.0, metavar="T")
+    ap.add_argument("--broker-lost-after", type=float, default=20.0, metavar="S",
+                    help="/healthz answers 503 once no broker was reachable for S seconds")
     ap.add_argument("--exit-when-idle", type=float, metavar="S",
                     help="stop (with a final checkpoint) after S seconds without messages")
     ap.add_argument("--capacity", type=int, default=100_000,
@@ -60,6 +62,7 @@ class ConsumeConfig:
     checkpoint_every: int
     checkpoint_seconds: float
     exit_when_idle: float | None
+    broker_lost_after: float
     capacity: int
     expected_ratings: int
     ldp_debias: bool
@@ -82,7 +85,8 @@ class ConsumeConfig:
         if dp.enabled and args.model != "sketch":
             ap.error("DP-SGD is implemented for the sketch model (--model sketch)")
         return cls(args.bootstrap, args.topic, args.group, args.dead_topic, rating_range,
-                   args.checkpoint_every, args.checkpoint_seconds, args.exit_when_idle, args.capacity,
+                   args.checkpoint_every, args.checkpoint_seconds, args.exit_when_idle,
+                   args.broker_lost_after, args.capacity,
                    args.expected_ratings, args.ldp_debias, args.reset_checkpoints,
                    ModelSettings.from_args(args, dp.enabled), dp,
                    MonitorSettings.from_args(args), ServingSettings.from_args(args))
@@ -136,6 +140,7 @@ def consume_main(argv: list[str] | None = None) -> int:
     if isinstance(service, str):
         print(f"{PROG}: {service}", file=sys.stderr)
         return 2
+    service.health.broker_lost_after = config.broker_lost_after
     # a DP model (new, or as its checkpoint was built) accounts this pass before learning from
     # it, and the pass is made durable first: a crash can never lose it from the ledger
     if not service.begin_private_pass(config.dp.unit, config.dp.delta, config.dp.budget):
