@@ -197,10 +197,9 @@ class CheckpointStore:
         data = ckpt.meta.get(LEDGER) if ckpt else None
         return PrivacyLedger.from_dict(data) if data else None
 
-    def unreadable(self) -> list[Path]:
-        """The checkpoint files, when there are some and none verifies (else an empty list)."""
-        files = [path for _, path in self._files()]
-        return files if files and self.latest() is None else []
+    def paths(self) -> list[Path]:
+        """The checkpoint files, oldest first (whether they verify or not)."""
+        return [path for _, path in self._files()]
 
     def set_aside(self) -> list[Path]:
         """Rename every checkpoint file to ``*.skc.corrupt`` (kept for inspection, never loaded)."""

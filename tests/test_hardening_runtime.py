@@ -53,6 +53,32 @@ def test_parse_message_never_raises(value):
     assert all(isinstance(reason, str) and reason for _, reason, _ in parsed.rejected)
 
 
+@pytest.fixture(scope="module")
+def bare_learner(tmp_path_factory):
+    """A KafkaLearner's message handling without a broker (a fake dead-letter producer)."""
+    from collections import Counter
+    learner = KafkaLearner.__new__(KafkaLearner)
+    learner.service = _service(tmp_path_factory.mktemp("bare"))
+    learner.rating_range, learner.dead_topic, learner.stop = (0.5, 5.0), "t.dead", threading.Event()
+    learner.producer = types.SimpleNamespace(sent=[], send=lambda topic, value: learner.producer.sent.append(value))
+    learner.book = OffsetBook(learner.service.offsets)
+    learner.dead_letters = Counter()
+    return learner
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.binary(max_size=200) | st.sampled_from([NESTED, BIG_ID, b"1,2,3", None]),
+                          st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=40)), max_size=2)),
+                min_size=1, max_size=6))
+def test_the_consumer_never_dies_on_a_message(bare_learner, batch):
+    from kafka import TopicPartition
+    tp = TopicPartition("t", 0)
+    start = bare_learner.book.position(0) or 0
+    msgs = [types.SimpleNamespace(value=v, headers=h, offset=start + n) for n, (v, h) in enumerate(batch)]
+    bare_learner._learn({tp: msgs})
+    assert bare_learner.book.position(0) == start + len(batch)  # every message handled
+
+
 def test_an_unforeseen_parse_error_is_one_rejected_message(monkeypatch):
     from sketchrec.stream.kafka import messages
 
@@ -309,12 +335,12 @@ def test_rate_limiting_never_sleeps_a_negative_time(monkeypatch):
     """Before: two perf_counter() readings; a stall between them gave
     ValueError: sleep length must be non-negative."""
     import kafka
-    clock = iter(np.arange(0, 1e6, 0.0075))
+    clock = iter(np.arange(0, 1e3, 0.00075))
     monkeypatch.setattr(producer_module, "time", types.SimpleNamespace(
         perf_counter=lambda: float(next(clock)), sleep=time.sleep))
     monkeypatch.setattr(producer_module, "ensure_topic", lambda *a: False)
     monkeypatch.setattr(kafka, "KafkaProducer", _FakeProducer)
-    assert produce(_ratings(40), "x:1", "t", rate=100.0)["ratings"] == 40
+    assert produce(_ratings(40), "x:1", "t", rate=1000.0)["ratings"] == 40
 
 
 def test_an_outage_longer_than_the_timeout_names_what_was_delivered(monkeypatch):

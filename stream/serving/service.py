@@ -197,9 +197,9 @@ class LearningService:
         checkpoints and none verifies (``CheckpointStore.set_aside`` starts over knowingly)."""
         store = CheckpointStore(directory)
         ckpt = store.latest()
-        if ckpt is None and store.unreadable():
+        if ckpt is None and store.paths():
             raise UnreadableCheckpoints(
-                f"none of the {len(store.unreadable())} checkpoints in {directory} verifies: "
+                f"none of the {len(store.paths())} checkpoints in {directory} verifies: "
                 "refusing to start over with an empty model (restore one, or start over knowingly)")
         if ckpt is None:
             raise NoCheckpoint(f"no valid checkpoint in {directory}")
