@@ -16,7 +16,8 @@ from __future__ import annotations
 
 DEFAULT_DP_CAPACITY = 4096  # public default of distinct users + items in the DP modes (a constant)
 # /stats fields no rating changes (given the public parameters and the stream's length)
-PUBLIC_STATS = ("model_bytes", "uptime_s", "paused", "read_only", "offsets")
+PUBLIC_STATS = ("model_bytes", "uptime_s", "paused", "read_only", "offsets", "broker", "ready",
+                "checkpoint_age_s")
 
 
 def public_capacity(private: bool, option: int | None, counted: int | None = None) -> int:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 LEDGER = "privacy_ledger"
 MAGIC = b"SKCP"
 _NAME = re.compile(r"^ckpt-(\d{12})\.skc$")
+_HEADER_KEYS = {"seq", "meta", "parts", "sha256"}
 
 
 @dataclass
@@ -113,12 +114,16 @@ class CheckpointStore:
                              "sha256_all": _digest(seq, meta, layout, body)}).encode()
         final = self.directory / f"ckpt-{seq:012d}.skc"
         tmp = final.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(MAGIC + struct.pack("<I", len(header)) + header)
-            fh.write(body)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(MAGIC + struct.pack("<I", len(header)) + header)
+                fh.write(body)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not leave half a file behind
+            raise
         self._ledger_cache = (json.loads(json.dumps(meta.get(LEDGER))),)
         dir_fd = os.open(self.directory, os.O_RDONLY)
         try:
@@ -138,8 +143,11 @@ class CheckpointStore:
         (hlen,) = struct.unpack("<I", blob[4:8])
         try:
             header = json.loads(blob[8:8 + hlen])
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise ValueError(f"{path.name}: corrupt header") from None
+        if not isinstance(header, dict) or not _HEADER_KEYS <= header.keys() or not isinstance(
+                header["meta"], dict) or not isinstance(header["parts"], list):
+            raise ValueError(f"{path.name}: corrupt header (a key is missing or renamed)")
         body = blob[8 + hlen:]
         if hashlib.sha256(body).hexdigest() != header.get("sha256"):
             raise ValueError(f"{path.name}: checksum mismatch (corrupt or truncated)")
@@ -150,9 +158,12 @@ class CheckpointStore:
                     f"{path.name}: the header (metadata{', privacy ledger' if has_ledger else ''}) "
                     "does not match its checksum: edited or corrupt; refusing it")
         parts, pos = {}, 0
-        for name, length in header["parts"]:
-            parts[name] = body[pos:pos + length]
-            pos += length
+        try:
+            for name, length in header["parts"]:
+                parts[name] = body[pos:pos + length]
+                pos += length
+        except (TypeError, ValueError):
+            raise ValueError(f"{path.name}: corrupt header (parts)") from None
         return Checkpoint(header["seq"], header["meta"], parts, path)
 
     def latest(self) -> Checkpoint | None:
@@ -186,15 +197,43 @@ class CheckpointStore:
         data = ckpt.meta.get(LEDGER) if ckpt else None
         return PrivacyLedger.from_dict(data) if data else None
 
+    def paths(self) -> list[Path]:
+        """The checkpoint files, oldest first (whether they verify or not)."""
+        return [path for _, path in self._files()]
+
+    def set_aside(self) -> list[Path]:
+        """Rename every checkpoint file to ``*.skc.corrupt`` (kept for inspection, never loaded)."""
+        moved = []
+        for _, path in self._files():
+            target = path.with_name(path.name + ".corrupt")
+            os.replace(path, target)
+            moved.append(target)
+        return moved
+
+    def check_writable(self) -> None:
+        """OSError now, at start-up, if checkpoints cannot be written here (not at the first one)."""
+        probe = self.directory / f".probe-{os.getpid()}.tmp"
+        try:
+            with open(probe, "wb") as fh:
+                fh.write(b"x")
+                os.fsync(fh.fileno())
+        finally:
+            probe.unlink(missing_ok=True)
+
     def newest_seq(self) -> int:
         files = self._files()
         return files[-1][0] if files else 0
 
 
+_HOLDS_LEDGER = re.compile(rb'"' + LEDGER.encode() + rb'"\s*:\s*\{')
+
+
 def _mentions_ledger(path: Path) -> bool:
+    """Whether a file (maybe corrupt) holds a ledger: ``"privacy_ledger": {``, not ``: null``
+    (every service checkpoint has the key; a non-private one must still fall back)."""
     try:
         with open(path, "rb") as fh:
-            return LEDGER.encode() in fh.read(1 << 20)
+            return _HOLDS_LEDGER.search(fh.read(1 << 20)) is not None
     except OSError:
         return False
 

@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--checkpoint-every", type=int, default=50_000, metavar="N",
                     help="ratings (and dead letters) between checkpoints")
     ap.add_argument("--checkpoint-seconds", type=float, default=30.0, metavar="T")
+    ap.add_argument("--broker-lost-after", type=float, default=20.0, metavar="S",
+                    help="/healthz answers 503 once no broker was reachable for S seconds")
     ap.add_argument("--exit-when-idle", type=float, metavar="S",
                     help="stop (with a final checkpoint) after S seconds without messages")
     ap.add_argument("--capacity", type=int, default=100_000,
@@ -37,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(ap)
     add_monitor_args(ap)
     add_serving_args(ap)
+    ap.add_argument("--reset-checkpoints", action="store_true",
+                    help="when no checkpoint in --checkpoint verifies: set them aside (renamed "
+                    "*.corrupt) and start over from the beginning of every partition; without it "
+                    "consume refuses to start (an empty model at the group's offsets would learn "
+                    "nothing of the past)")
     ap.add_argument("--ldp-debias", action="store_true",
                     help="map predictions back through the mean of the local-DP mechanism the "
                     "producer's message headers name (see README 'Local DP')")
@@ -55,9 +62,11 @@ class ConsumeConfig:
     checkpoint_every: int
     checkpoint_seconds: float
     exit_when_idle: float | None
+    broker_lost_after: float
     capacity: int
     expected_ratings: int
     ldp_debias: bool
+    reset: bool
     model: ModelSettings
     dp: DPSettings
     monitor: MonitorSettings
@@ -76,8 +85,10 @@ class ConsumeConfig:
         if dp.enabled and args.model != "sketch":
             ap.error("DP-SGD is implemented for the sketch model (--model sketch)")
         return cls(args.bootstrap, args.topic, args.group, args.dead_topic, rating_range,
-                   args.checkpoint_every, args.checkpoint_seconds, args.exit_when_idle, args.capacity,
-                   args.expected_ratings, args.ldp_debias, ModelSettings.from_args(args, dp.enabled), dp,
+                   args.checkpoint_every, args.checkpoint_seconds, args.exit_when_idle,
+                   args.broker_lost_after, args.capacity,
+                   args.expected_ratings, args.ldp_debias, args.reset_checkpoints,
+                   ModelSettings.from_args(args, dp.enabled), dp,
                    MonitorSettings.from_args(args), ServingSettings.from_args(args))
 
 
@@ -92,13 +103,44 @@ def open_service(config: ConsumeConfig):
                             monitor=config.monitor.build(settings.seed), debias_ldp=config.ldp_debias)
 
 
+def start(config: ConsumeConfig):
+    """The service, its checkpoint directory checked: (service, starting over) or a one-line error
+    (text) when no checkpoint verifies (unless ``reset``), the ledger is refused, or the directory
+    cannot be written."""
+    from sketchrec.stream.checkpoint import CheckpointStore
+    from sketchrec.stream.serving.service import UnreadableCheckpoints
+    directory = config.serving.checkpoint
+    try:
+        store = CheckpointStore(directory)
+        store.check_writable()
+        try:
+            return open_service(config), False
+        except UnreadableCheckpoints as exc:
+            if not config.reset:
+                return f"{exc}; --reset-checkpoints sets them aside and starts over", None
+            moved = store.set_aside()
+            print(f"{PROG}: set aside {len(moved)} unreadable checkpoints (*.corrupt); starting over "
+                  "from the beginning of every partition", file=sys.stderr)
+            return open_service(config), True
+    except OSError as exc:
+        return f"checkpoint directory {directory} is not writable: {exc.strerror or exc}", None
+    except ValueError as exc:  # the privacy ledger refused (checkpoint.LedgerIntegrityError)
+        return str(exc).splitlines()[0], None
+
+
 def consume_main(argv: list[str] | None = None) -> int:
     from kafka.errors import KafkaError
 
     from sketchrec.stream.kafka.consumer import KafkaLearner
+    from sketchrec.stream.serving.health import configure_logging
     ap = build_parser()
     config = ConsumeConfig.from_args(ap.parse_args(argv), ap)
-    service = open_service(config)
+    configure_logging()
+    service, reset = start(config)
+    if isinstance(service, str):
+        print(f"{PROG}: {service}", file=sys.stderr)
+        return 2
+    service.health.broker_lost_after = config.broker_lost_after
     # a DP model (new, or as its checkpoint was built) accounts this pass before learning from
     # it, and the pass is made durable first: a crash can never lose it from the ledger
     if not service.begin_private_pass(config.dp.unit, config.dp.delta, config.dp.budget):
@@ -108,7 +150,8 @@ def consume_main(argv: list[str] | None = None) -> int:
         service.checkpoint()
     try:
         learner = KafkaLearner(service, config.bootstrap, config.topic, config.group, config.dead_topic,
-                               config.rating_range, config.checkpoint_every, config.checkpoint_seconds)
+                               config.rating_range, config.checkpoint_every, config.checkpoint_seconds,
+                               from_beginning=reset)
     except (KafkaError, RuntimeError) as exc:
         print(f"{PROG}: cannot consume {config.topic!r} from {config.bootstrap}: {exc} (nothing was "
               f"learned; the checkpoint in {config.serving.checkpoint} is untouched)", file=sys.stderr)
@@ -125,4 +168,8 @@ def consume_main(argv: list[str] | None = None) -> int:
                      default=float), flush=True)
     if server is not None:
         server.stop()
+    if not learner.last_checkpoint_ok:
+        print(f"{PROG}: the final checkpoint could not be written ({service.health.checkpoint_error}); "
+              "what was learned since the last one is consumed again on restart", file=sys.stderr)
+        return 1
     return 0

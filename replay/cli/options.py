@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 from typing import Callable
 
 from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
 from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
+from sketchrec.replay.cli.admin import add_admin_token_args
 
 
 class Parser(argparse.ArgumentParser):
@@ -163,9 +163,7 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--serve", metavar="HOST:PORT",
                     help="serve the live HTTP endpoint while learning (replay: and after it ends, "
                     "until interrupted)")
-    ap.add_argument("--admin-token", default=os.environ.get("SKETCHREC_ADMIN_TOKEN"),
-                    help="bearer token for POST /checkpoint, /pause, /resume (default: "
-                    "$SKETCHREC_ADMIN_TOKEN; none: admin endpoints disabled)")
+    add_admin_token_args(ap)
     ap.add_argument("--checkpoint", metavar="DIR", type=directory,
                     help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
     add_access_args(ap)

@@ -19,6 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
     ap.add_argument("--topic", required=True)
     ap.add_argument("--rate", type=float, help="ratings per second (default: as fast as possible)")
+    ap.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                    help="across a broker outage, wait up to S seconds for every message to be "
+                    "acknowledged; then a one-line error with the count delivered (exit 2)")
     ap.add_argument("--batch", type=int, default=1, help="ratings per message (1: one CSV rating each)")
     ap.add_argument("--partitions", type=int, default=2, help="partitions when creating the topic")
     ap.add_argument("--compression", choices=COMPRESSIONS, default="none",
@@ -53,7 +56,8 @@ def produce_main(argv: list[str] | None = None) -> int:
     data, report = read_ratings(args.path)
     try:
         result = produce(order_for_topic(data), args.bootstrap, args.topic, args.batch, args.rate,
-                         args.partitions, randomiser, compression=args.compression)
+                         args.partitions, randomiser, compression=args.compression,
+                         timeout=args.timeout)
     except KafkaError as exc:
         print(f"sketchrec produce: cannot publish to {args.bootstrap}: {exc}", file=sys.stderr)
         return 2

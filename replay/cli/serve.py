@@ -4,7 +4,6 @@ shares: starting the HTTP server and stopping on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from sketchrec.replay.cli.admin import add_admin_token_args
 from sketchrec.replay.cli.config import ServingSettings
 from sketchrec.replay.cli.options import ACCESS, add_access_args, parse_host_port
 
@@ -31,8 +31,11 @@ def start_server(service, serving: ServingSettings):
     from sketchrec.stream.serving.http import create_app
     from sketchrec.stream.serving.server import ServerThread
     app = create_app(service, serving.admin_token, serving.access)
+    # until the prediction kernels are compiled, /predict answers 503 at once (not after ~10 s)
+    service.health.ready = False
+    threading.Thread(target=service.warm_up, daemon=True, name="warm-up").start()
     server = ServerThread(app, *serving.listen).start()
-    print(f"serving {server.url} (admin endpoints {'enabled' if serving.admin_token else 'disabled'}; "
+    print(f"serving {server.url} (admin endpoints {'enabled' if app.state.admin else 'disabled'}; "
           f"per-user access control {'on' if app.state.user_tokens else 'off'})",
           file=sys.stderr, flush=True)
     return server
@@ -55,17 +58,15 @@ def serve_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8000")
     ap.add_argument("--reload-every", type=float, default=5.0, metavar="S",
                     help="seconds between checks for a newer checkpoint")
-    ap.add_argument("--admin-token", default=os.environ.get("SKETCHREC_ADMIN_TOKEN"),
-                    help="bearer token of the backend: it may read any user's answers (default: "
-                    "$SKETCHREC_ADMIN_TOKEN)")
+    add_admin_token_args(ap)
     add_access_args(ap)
     args = ap.parse_args(argv)
     serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
                               ACCESS[args.access_control])
     try:
         service = LearningService.from_checkpoint(args.checkpoint)
-    except FileNotFoundError as exc:
-        print(f"sketchrec serve: {exc}", file=sys.stderr)
+    except (FileNotFoundError, ValueError) as exc:  # none, none verifies, or a ledger refused
+        print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     server = start_server(service, serving)
 

@@ -13,11 +13,16 @@ The guarantee, and its limits:
 - On a rebalance, the consumer checkpoints and commits before giving partitions up.
 - Dead letters are at-least-once: after a crash, a malformed message after the last checkpoint is
   consumed and dead-lettered again (the counters, being in the checkpoint, count it once).
+- A message, a failed commit (``CommitFailedError`` after a long pause or a broker restart that
+  lost the group) or a failed checkpoint write never ends the loop: a failed commit only means the
+  group re-reads from the checkpoint's offsets, and a failed checkpoint is retried at the next
+  cadence while the endpoint keeps serving. Each such event is one ``key=value`` log line.
 - Not covered: a checkpoint directory that is lost or shared by two consumers of one group.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -25,10 +30,11 @@ from collections import Counter
 
 import numpy as np
 
-from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.checkpoint import CheckpointStore, LedgerIntegrityError
 from sketchrec.stream.kafka import codec_errors
-from sketchrec.stream.kafka.messages import dead_letter, parse_message
+from sketchrec.stream.kafka.messages import Parsed, dead_letter, parse_message
 from sketchrec.stream.kafka.offsets import OffsetBook
+from sketchrec.stream.serving.health import log_event
 from sketchrec.stream.serving.recommender import Recommender
 from sketchrec.stream.serving.service import LearningService, NoCheckpoint
 
@@ -43,17 +49,20 @@ def kafka_config(bootstrap: str) -> dict:
 class KafkaLearner:
     """The consume-learn-checkpoint loop around a ``LearningService``. Where it stands in each
     partition and when a checkpoint is due are ``self.book``'s (a ``kafka.offsets.OffsetBook``
-    over ``service.offsets``)."""
+    over ``service.offsets``); what /healthz says about the broker is ``service.health``'s.
+    ``from_beginning``: partitions the checkpoint does not know start at their beginning even
+    with a group (starting over knowingly), not at the group's committed offsets."""
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str | None = None,
                  dead_topic: str | None = None, rating_range: tuple[float, float] | None = (0.5, 5.0),
                  checkpoint_every: int = 50_000, checkpoint_seconds: float = 30.0,
-                 max_poll_records: int = 20_000):
+                 max_poll_records: int = 20_000, from_beginning: bool = False):
         if service.checkpoints is None:
             raise ValueError("the Kafka consumer needs a checkpoint directory")
         self.service, self.topic, self.group = service, topic, group
         self.dead_topic = dead_topic or f"{topic}.dead"
         self.rating_range = rating_range
+        self.from_beginning = from_beginning
         self.stop = threading.Event()
         from kafka import KafkaConsumer, KafkaProducer
         config = kafka_config(bootstrap)
@@ -67,7 +76,12 @@ class KafkaLearner:
         self.producer = KafkaProducer(**config, linger_ms=20, acks="all")
         self.book = OffsetBook(service.offsets, checkpoint_every, checkpoint_seconds)
         self.closing = False
+        self.last_checkpoint_ok = True
+        self.dead_letters: Counter = Counter()  # set aside since the last checkpoint (for the log)
+        self.health = service.health
+        self.health.watch_broker()
         self._assign()
+        log_event("connect", bootstrap=bootstrap, topic=topic, group=group or "-")
 
     # --- partitions and offsets --------------------------------------------------------------------
     def _assign(self) -> None:
@@ -81,9 +95,11 @@ class KafkaLearner:
                 # the commit after this checkpoint is asynchronous. On our own close the final
                 # checkpoint was already written.
                 if revoked and not learner.closing:
+                    log_event("rebalance", revoked=sorted(tp.partition for tp in revoked))
                     learner.checkpoint("rebalance", blocking_commit=False)
 
             def on_partitions_assigned(self, assigned):
+                log_event("rebalance", assigned=sorted(tp.partition for tp in assigned))
                 learner._seek(assigned)
 
         if self.group:
@@ -108,16 +124,30 @@ class KafkaLearner:
             known = self.book.position(tp.partition)
             if known is not None:
                 self.consumer.seek(tp, known)
-            elif not self.group:
+            elif not self.group or self.from_beginning:
                 self.consumer.seek_to_beginning(tp)
 
     # --- the loop -------------------------------------------------------------------------------
     def run(self, idle_exit: float | None = None) -> None:
-        """Consume until stopped (or until no message arrived for ``idle_exit`` seconds)."""
+        """Consume until stopped (or until no message arrived for ``idle_exit`` seconds). A
+        message, a failed commit or a failed checkpoint never ends it; ``last_checkpoint_ok``
+        says whether the final checkpoint was written."""
+        from kafka.errors import KafkaError
         last_data = time.monotonic()
         try:
             while not self.stop.is_set():
-                records = codec_errors.poll_past_unreadable(self.consumer, self._set_aside, 200)
+                if not self.service.recommender.learning.is_set():
+                    self._hold()  # paused over HTTP: idleness does not count
+                    last_data = time.monotonic()
+                    continue
+                if self.consumer.paused():
+                    self.consumer.resume(*self.consumer.paused())
+                try:  # an unreadable batch (codec) is set aside and stepped over
+                    records = codec_errors.poll_past_unreadable(self.consumer, self._set_aside, 200)
+                except KafkaError as exc:  # the group or the broker: poll again, it rejoins
+                    self._lost(exc)
+                    continue
+                self._watch()
                 # a set-aside batch (None) is data; joining a group is not idleness
                 if records is None or records or not self.consumer.assignment():
                     if records:
@@ -128,10 +158,39 @@ class KafkaLearner:
                 if self.book.expired():
                     self.checkpoint("interval")
         finally:
-            self.checkpoint("shutdown")
+            self.last_checkpoint_ok = self.checkpoint("shutdown")
             self.closing = True
             self.consumer.close(autocommit=False)
             self.producer.close(timeout=10)
+
+    def _hold(self) -> None:
+        """Learning is paused: poll with every partition paused, so the group membership stays
+        and a stop signal is obeyed; a partition assigned during this poll is read again later."""
+        self.consumer.pause(*self.consumer.assignment())
+        try:
+            records = self.consumer.poll(timeout_ms=200)
+        except Exception as exc:  # noqa: BLE001 - as in run(): never fatal
+            self._lost(exc)
+            return
+        for tp, messages in records.items():
+            self.consumer.seek(tp, messages[0].offset)
+        self._watch()
+
+    def _watch(self) -> None:
+        """After each poll: is any broker connection up? Logs when that changes."""
+        was = self.health.connected
+        connected = _broker_connected(self.consumer)
+        self.health.polled(connected)
+        if connected and was is False:
+            log_event("connect", after_s=round(time.monotonic() - (self.health.lost_since or
+                                                                    time.monotonic()), 1))
+        elif not connected and was is not False:
+            log_event("lose", logging.WARNING, error=self.health.last_error)
+
+    def _lost(self, exc: Exception) -> None:
+        log_event("poll_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+        self.health.broker_lost(f"{type(exc).__name__}: {exc}")
+        time.sleep(0.5)
 
     def _learn(self, records: dict) -> None:
         users, items, ratings = [], [], []
@@ -139,12 +198,11 @@ class KafkaLearner:
         offsets = {}
         for tp, messages in records.items():
             for msg in messages:
-                parsed = parse_message(msg.value, self.rating_range)
+                parsed = self._parse(msg)
                 for index, reason, text in parsed.rejected:
                     skipped[reason] += 1
-                    self.producer.send(self.dead_topic, value=dead_letter(
-                        tp.topic, tp.partition, msg.offset, index, reason, text, msg.value))
-                self.service.record_origin(msg.headers, len(parsed.ratings))
+                    self._dead_letter(dead_letter(tp.topic, tp.partition, msg.offset, index, reason,
+                                                  text, msg.value))
                 for u, i, r, _ in parsed.ratings:
                     users.append(u)
                     items.append(i)
@@ -153,38 +211,94 @@ class KafkaLearner:
         if ratings and self.service.budget_stopped:
             skipped["privacy budget spent"] += len(ratings)  # serving goes on; learning does not
             ratings = []
+        while not self.service.recommender.learning.wait(0.2):  # paused since the poll
+            if self.stop.is_set():
+                return  # nothing stored: these messages are consumed again after the restart
         if ratings:
             r = np.asarray(ratings, dtype=np.float64)
             predictions = self.service.recommender.learn_many(_ids(users), _ids(items), r)
             self.service.errors.add(predictions, r)
         self.service.record_skipped(skipped)
+        self.dead_letters.update(skipped)
         self.book.store(offsets, len(ratings) + sum(skipped.values()))
 
     def _set_aside(self, batch: codec_errors.UnreadableBatch) -> None:
+        """A batch whose codec cannot be read: counted, dead-lettered whole, stepped over."""
         self.service.record_skipped({batch.reason: batch.messages})
-        self.producer.send(self.dead_topic, value=batch.dead_letter())
+        self.dead_letters.update({batch.reason: batch.messages})
+        self._dead_letter(batch.dead_letter())
         self.book.store({batch.partition: batch.next_offset}, batch.messages)
 
-    def checkpoint(self, why: str, blocking_commit: bool = True) -> None:
-        """Dead letters flushed, then state + offsets durable, then offsets committed."""
-        self.producer.flush(timeout=30)
-        written = self.service.checkpoint()
-        log.info("checkpoint %s (%s): %d ratings learned", written["path"], why, written["ratings_learned"])
-        if self.group and self.book.offsets:
-            from kafka import OffsetAndMetadata, TopicPartition
+    def _parse(self, msg) -> Parsed:
+        """The message's ratings; whatever goes wrong is that message's rejection, never a crash."""
+        parsed = parse_message(msg.value, self.rating_range)
+        try:
+            self.service.record_origin(msg.headers, len(parsed.ratings))
+        except Exception as exc:  # noqa: BLE001 - a poison header is that message's fault only
+            return Parsed(rejected=[(0, f"bad headers ({type(exc).__name__})", "")])
+        return parsed
+
+    def _dead_letter(self, letter: bytes) -> None:
+        try:
+            self.producer.send(self.dead_topic, value=letter)
+        except Exception as exc:  # noqa: BLE001 - counted all the same; the flush reports it
+            log_event("dead_letter_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+
+    def checkpoint(self, why: str, blocking_commit: bool = True) -> bool:
+        """Dead letters flushed, then state + offsets durable, then offsets committed. A failure
+        (broker, full disk) is logged on one line and retried at the next cadence; a failed
+        commit only means the group re-reads from the checkpoint's offsets. True if written."""
+        try:
+            self.producer.flush(timeout=30)
+            written = self.service.checkpoint()
+        except Exception as exc:  # noqa: BLE001 - the endpoint stays up; the next one retries
+            if isinstance(exc, LedgerIntegrityError):
+                raise
+            self.health.checkpoint_error = f"{type(exc).__name__}: {exc}"
+            log_event("checkpoint_failed", logging.ERROR, why=why, error=self.health.checkpoint_error)
+            self.book.retry_later()
+            return False
+        self.health.checkpoint_error = None
+        log_event("checkpoint", why=why, name=written["name"], ratings=written["ratings_learned"])
+        if self.dead_letters:
+            log_event("dead_letters", total=sum(self.dead_letters.values()),
+                      reasons=json.dumps(dict(self.dead_letters), separators=(",", ":")))
+            self.dead_letters.clear()
+        self._commit(blocking_commit)
+        self.book.checkpointed()
+        return True
+
+    def _commit(self, blocking: bool) -> None:
+        if not (self.group and self.book.offsets):
+            return
+        from kafka import OffsetAndMetadata, TopicPartition
+        try:
             assigned = {tp.partition for tp in self.consumer.assignment()}
             commit = {TopicPartition(self.topic, p): OffsetAndMetadata(off, "", -1)
                       for p, off in self.book.to_commit(assigned).items()}
-            if commit and blocking_commit:
+            if commit and blocking:
                 self.consumer.commit(commit)
             elif commit:
                 self.consumer.commit_async(commit)
-        self.book.checkpointed()
+        except Exception as exc:  # noqa: BLE001 - CommitFailedError, a lost coordinator, ...
+            log_event("commit_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
+                      note="state and offsets are in the checkpoint; the group re-reads from there")
+
+
+def _broker_connected(consumer) -> bool:
+    """Whether any broker connection is up (kafka-python's connection manager; True if unknown)."""
+    try:
+        return any(c.connected for c in list(consumer._client._manager._conns.values()))
+    except AttributeError:
+        return True
 
 
 def _ids(values: list) -> np.ndarray:
     if all(type(v) is int for v in values):
-        return np.asarray(values, dtype=np.int64)
+        try:
+            return np.asarray(values, dtype=np.int64)
+        except OverflowError:  # wider than int64: ids are opaque text
+            pass
     return np.asarray([str(v) for v in values], dtype=object)
 
 

@@ -8,7 +8,16 @@ Accepted message values (UTF-8):
 
 A message that cannot be decoded at all is rejected whole; in a batch, each bad rating is rejected
 on its own and the good ones are kept. Every rejection carries a short reason, which is what the
-dead-letter topic and the counters record.
+dead-letter topic and the counters record. ``parse_message`` never raises: JSON nested too deep,
+and any error nobody foresaw, is a rejection with its own reason (a poison message must never
+stop the consumer, or stop it again on every restart).
+
+>>> parse_message(b'{"user": 18446744073709551616, "item": 1, "rating": 4}').ratings
+[('18446744073709551616', 1, 4.0, 0)]
+>>> parse_message(b"[" * 5000 + b"]" * 5000).rejected[0][1]
+'JSON nested too deep'
+>>> encode_batch([("a,9", 1, 4.0, 0)])  # an id a CSV line cannot hold goes as JSON
+b'[{"user": "a,9", "item": 1, "rating": 4.0, "timestamp": 0}]'
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from dataclasses import dataclass, field
 from sketchrec.data import MAX_ID_LENGTH, parse_line
 
 MAX_MESSAGE_BYTES = 8 << 20
+_INT64 = range(-(1 << 63), 1 << 63)
+_CSV_UNSAFE = (",", "\n", "\r")
 
 
 @dataclass
@@ -38,7 +49,8 @@ def _json_id(value, what: str):
         raise ValueError("empty id")
     if len(text) > MAX_ID_LENGTH:
         raise ValueError("oversized id")
-    return value
+    # an integer id wider than int64 is kept as its text, as a CSV line's long digit id is
+    return text if isinstance(value, int) and value not in _INT64 else value
 
 
 def _json_rating(obj) -> tuple:
@@ -64,7 +76,23 @@ def _json_rating(obj) -> tuple:
 
 
 def parse_message(value: bytes | None, rating_range: tuple[float, float] | None = None) -> Parsed:
-    """All ratings in one message value; see the module docstring for the forms."""
+    """All ratings in one message value; see the module docstring for the forms. Never raises."""
+    try:
+        return _parse(value, rating_range)
+    except Exception as exc:  # noqa: BLE001 - a message must never stop the consumer
+        out = Parsed()
+        out.rejected.append((0, f"unparseable message ({type(exc).__name__})", _preview(value)))
+        return out
+
+
+def _preview(value) -> str:
+    try:
+        return bytes(value[:120]).decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _parse(value: bytes | None, rating_range: tuple[float, float] | None) -> Parsed:
     out = Parsed()
     if value is None:
         out.rejected.append((0, "empty message", ""))
@@ -87,13 +115,23 @@ def parse_message(value: bytes | None, rating_range: tuple[float, float] | None 
         except ValueError:
             out.rejected.append((0, "bad JSON", stripped[:120]))
             return out
+        except RecursionError:
+            out.rejected.append((0, "JSON nested too deep", stripped[:120]))
+            return out
         items = doc if isinstance(doc, list) else [doc]
         for n, obj in enumerate(items):
-            _keep(out, n, lambda: _json_rating(obj), json.dumps(obj)[:120], rating_range)
+            _keep(out, n, lambda: _json_rating(obj), _json_preview(obj), rating_range)
     else:
         for n, line in enumerate(stripped.splitlines()):
             _keep(out, n, lambda: parse_line(line, ","), line[:120], rating_range)
     return out
+
+
+def _json_preview(obj) -> str:
+    try:
+        return json.dumps(obj)[:120]
+    except (RecursionError, ValueError):
+        return repr(obj)[:120] if not isinstance(obj, (list, dict)) else type(obj).__name__
 
 
 def _keep(out: Parsed, n: int, parse, text: str, rating_range) -> None:
@@ -117,5 +155,10 @@ def dead_letter(topic: str, partition: int, offset: int, index: int, reason: str
 
 
 def encode_batch(rows: list[tuple]) -> bytes:
-    """CSV lines for a batch of (user, item, rating, timestamp) — the batched message form."""
+    """CSV lines for a batch of (user, item, rating, timestamp) — the batched message form; a JSON
+    list when an id holds a comma or a line break (in CSV its second line would be a rating of
+    another user)."""
+    if any(isinstance(x, str) and any(c in x for c in _CSV_UNSAFE) for u, i, _, _ in rows for x in (u, i)):
+        return json.dumps([{"user": u, "item": i, "rating": float(r), "timestamp": int(t)}
+                           for u, i, r, t in rows]).encode()
     return "\n".join(f"{u},{i},{r:g},{t}" for u, i, r, t in rows).encode()

@@ -32,6 +32,7 @@ class OffsetBook:
         self.every, self.seconds = every, seconds
         self._pending = 0                 # ratings handled since the last checkpoint
         self._last = time.monotonic()     # when the last checkpoint was made durable
+        self._retry_at = 0.0              # after a failed checkpoint: not due before this
 
     def position(self, partition: int) -> int | None:
         """The next offset to consume in ``partition``, or None if it was never consumed."""
@@ -45,6 +46,8 @@ class OffsetBook:
 
     def expired(self) -> bool:
         """Is a checkpoint due?"""
+        if time.monotonic() < self._retry_at:
+            return False
         return self._pending >= self.every or (
             self._pending > 0 and time.monotonic() - self._last >= self.seconds)
 
@@ -54,4 +57,8 @@ class OffsetBook:
 
     def checkpointed(self) -> None:
         """A checkpoint is durable: the count and the clock start again."""
-        self._pending, self._last = 0, time.monotonic()
+        self._pending, self._last, self._retry_at = 0, time.monotonic(), 0.0
+
+    def retry_later(self) -> None:
+        """A checkpoint failed: the next try is one cadence interval (``seconds``) from now."""
+        self._retry_at = time.monotonic() + self.seconds

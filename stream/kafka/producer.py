@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from kafka.errors import KafkaError
 
 from sketchrec.privacy.ldp import HEADER
 from sketchrec.stream.kafka.consumer import kafka_config
@@ -37,11 +38,35 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 2) -> bool:
         admin.close()
 
 
+class DeliveryError(KafkaError):
+    """Not every message was acknowledged within the timeout (the broker stayed down)."""
+
+
+class _Delivered:
+    """Counts the ratings the broker acknowledged, and the first delivery error."""
+
+    def __init__(self):
+        self.ratings, self.error = 0, None
+
+    def track(self, future, n_ratings: int) -> None:
+        future.add_callback(lambda _: self._ok(n_ratings))
+        future.add_errback(self._failed)
+
+    def _ok(self, n: int) -> None:
+        self.ratings += n
+
+    def _failed(self, exc) -> None:
+        self.error = self.error or exc
+
+
 def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: float | None = None,
-            partitions: int = 2, randomiser=None, compression: str = "none") -> dict:
+            partitions: int = 2, randomiser=None, compression: str = "none",
+            timeout: float = 120.0) -> dict:
     """Send all ratings, in order; returns counts and throughput. With ``randomiser`` (a
     ``privacy.ldp.DeviceRandomiser``) every rating is perturbed before it is sent — the raw value
-    never leaves this process — and every message carries a header naming the mechanism."""
+    never leaves this process — and every message carries a header naming the mechanism.
+    The producer retries across a broker outage; DeliveryError (naming how many ratings were
+    acknowledged) when not every message is acknowledged ``timeout`` seconds after the last send."""
     from kafka import KafkaProducer
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -58,26 +83,42 @@ def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: 
     rows = list(zip(ratings.users.tolist(), ratings.items.tolist(), values.tolist(),
                     ratings.timestamps.tolist()))
     pending: dict = {}
+    delivered = _Delivered()
     for n, row in enumerate(rows):
         key = str(row[0]).encode()
         pending.setdefault(key, []).append(row)
         if len(pending[key]) >= batch:
-            producer.send(topic, key=key, value=encode_batch(pending.pop(key)), headers=headers)
+            group = pending.pop(key)
+            delivered.track(producer.send(topic, key=key, value=encode_batch(group), headers=headers),
+                            len(group))
             sent_messages += 1
         if rate is not None:
-            due = t0 + (n + 1) / rate
-            if due > time.perf_counter():
-                time.sleep(due - time.perf_counter())
+            # one clock reading: a stalled send (broker outage) can pass ``due`` between two
+            wait = t0 + (n + 1) / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
     for key, group in pending.items():
-        producer.send(topic, key=key, value=encode_batch(group), headers=headers)
+        delivered.track(producer.send(topic, key=key, value=encode_batch(group), headers=headers),
+                        len(group))
         sent_messages += 1
-    producer.flush()
-    producer.close()
+    _flush(producer, delivered, len(rows), timeout)
     seconds = time.perf_counter() - t0
     return {"topic": topic, "ratings": len(rows), "messages": sent_messages, "compression": compression,
             "seconds": seconds,
             "ratings_per_s": len(rows) / max(seconds, 1e-9),
             **({"ldp": randomiser.header().decode()} if randomiser is not None else {})}
+
+
+def _flush(producer, delivered: _Delivered, total: int, timeout: float) -> None:
+    """Wait until every message is acknowledged; DeliveryError with the count delivered if not."""
+    try:
+        producer.flush(timeout=timeout)
+    except KafkaError:
+        pass  # judged by the count below
+    producer.close(timeout=5)
+    if delivered.ratings < total:
+        why = delivered.error or f"no acknowledgement within {timeout:g} s"
+        raise DeliveryError(f"{delivered.ratings:,} of {total:,} ratings delivered ({why})")
 
 
 def order_for_topic(ratings: Ratings) -> Ratings:

@@ -9,7 +9,12 @@ about user U answer only a caller holding U's token (``privacy.access.UserTokens
 credential, 403 with a wrong one; and the answer's ``source`` is "ranked" for every user, so it
 does not tell whether U is in the training data. In the central-DP modes /privacy and /stats show
 no exact data statistic; the admin route serves them, labelled not covered (README: "What the guarantee covers, and who may ask what").
-Ids are opaque text: they are hashed, never parsed or evaluated ('5' and 5 are the same id).
+Ids are opaque text: they are hashed, never parsed or evaluated ('5' and 5 are the same id); an
+id must hold a non-blank character. /healthz answers 503 with its reasons while the model warms
+up, while the broker has been unreachable too long, or when the last poll is too old
+(``serving.health.Health``); /predict and /recommend answer 503 at once until the model is ready.
+Every error is JSON, a 422 shows at most ``MAX_ECHO`` characters of a rejected input, and /stats
+names the last checkpoint (name, seq, age), never its filesystem path.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import time
 from typing import Callable
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
@@ -32,6 +38,7 @@ from sketchrec.stream.serving.service import LearningService
 
 MAX_ID = 256
 MAX_K = 1000
+MAX_ECHO = 80   # characters of a rejected input a 422 shows (never a 100 KB input back)
 PRIVACY_FIELDS = ("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "kld",
                   "audit_epsilon_lower_bound")
 
@@ -103,15 +110,42 @@ def resolve_access(service: LearningService, access) -> UserTokens | None:
     return UserTokens.from_env() if on else None
 
 
+def bearer(authorization: str | None) -> str:
+    """The credential of an ``Authorization: Bearer <token>`` header ('' for any other form).
+
+    >>> bearer("Bearer abc"), bearer("bearer  abc "), bearer("abc"), bearer("Bearer   "), bearer(None)
+    ('abc', 'abc', '', '', '')
+    """
+    scheme, _, value = (authorization or "").strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def _short(value):
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= MAX_ECHO else f"{text[:MAX_ECHO]}... ({len(text)} characters)"
+
+
+async def _unprocessable(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, with each rejected input cut to ``MAX_ECHO`` characters."""
+    errors = [{**err, "input": _short(err["input"])} if "input" in err else err for err in exc.errors()]
+    errors = [{k: v for k, v in err.items() if k != "ctx"} | (
+        {"ctx": {k: _short(v) for k, v in err["ctx"].items()}} if "ctx" in err else {}) for err in errors]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
 def create_app(service: LearningService, admin_token: str | None = None, access="auto") -> FastAPI:
-    """The endpoint over a service; admin endpoints need ``admin_token`` (None: disabled) and
-    ``access`` turns per-user access control on (see ``resolve_access``)."""
+    """The endpoint over a service; admin endpoints need ``admin_token`` (None, empty or blank:
+    disabled), sent as ``Authorization: Bearer <token>``, and ``access`` turns per-user access
+    control on (see ``resolve_access``)."""
+    admin_token = (admin_token or "").strip() or None  # an empty token must never match
     tokens = resolve_access(service, access)
     app = FastAPI(title="sketchrec", version="0.1.0",
                   description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
     app.state.user_tokens = tokens   # None: no per-user access control
     app.include_router(dashboard_router())  # the live page at / (polls /stats and /privacy)
+    app.state.admin = admin_token is not None
+    app.add_exception_handler(RequestValidationError, _unprocessable)
     registry = CollectorRegistry()
     registry.register(_ServiceCollector(lambda: app.state.service))
     latency = Histogram("sketchrec_request_seconds", "Request latency", ["endpoint"], registry=registry,
@@ -126,7 +160,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         return response
 
     def is_admin(authorization: str | None) -> bool:
-        given = (authorization or "").removeprefix("Bearer ").strip()
+        given = bearer(authorization)
         return admin_token is not None and bool(given) and secrets.compare_digest(
             given.encode(), admin_token.encode())
 
@@ -145,16 +179,19 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
 
     def authorise(user: str, authorization: str | None, token: str | None) -> None:
         """Access control: U's token or the backend (admin) token, else 401 / 403."""
+        if not app.state.service.health.ready:  # answer now, not after the kernels compile
+            raise HTTPException(503, "model not ready (warming up); retry shortly", {"Retry-After": "1"})
         if tokens is None or is_admin(authorization):
             return
-        given = token or (authorization or "").removeprefix("Bearer ").strip()
+        given = token or bearer(authorization)
         if not given:
             raise HTTPException(401, "this endpoint needs the user's token or the backend token",
                                 {"WWW-Authenticate": "Bearer"})
         if not tokens.verify(user, given):
             raise HTTPException(403, "the token does not grant access to this user")
 
-    ids = dict(min_length=1, max_length=MAX_ID)
+    # an id must hold a non-blank character, as in the stream (pattern: a search, not a full match)
+    ids = dict(min_length=1, max_length=MAX_ID, pattern=r"\S")
     cred = dict(default=None, max_length=MAX_ID, description="the user's token (or use Authorization)")
 
     @app.get("/predict", response_model=Prediction, summary="Predicted rating of one item by one user")
@@ -197,15 +234,22 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         return PlainTextResponse(generate_latest(registry).decode(),
                                  media_type="text/plain; version=0.0.4")
 
-    @app.get("/healthz", summary="Liveness")
-    def healthz() -> dict:
-        return {"status": "ok"}
+    @app.get("/healthz", summary="Health: 503 with the reasons while the model is not ready, the "
+             "broker has been unreachable too long or the last poll is too old")
+    def healthz() -> JSONResponse:
+        problems = app.state.service.health.problems()
+        if problems:
+            return JSONResponse({"status": "unavailable", "reasons": problems}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.post("/checkpoint", summary="Write a checkpoint now (admin)")
     def checkpoint(svc: LearningService = Depends(require_admin)) -> dict:
         if svc.checkpoints is None:
             raise HTTPException(409, "no checkpoint directory configured")
-        return svc.checkpoint()
+        try:
+            return svc.checkpoint()
+        except OSError as exc:  # full disk, read-only: the previous checkpoint stays in force
+            raise HTTPException(507, f"checkpoint not written: {exc.strerror or exc}") from None
 
     @app.post("/pause", summary="Pause learning; queries go on (admin)")
     def pause(svc: LearningService = Depends(require_admin)) -> dict:

