@@ -84,7 +84,7 @@ def summary(result: dict) -> str:
                                   else "n/a") + f"  (process RSS {result['rss_mb']:.0f} MB)",
         (f"  parameters        d={p['dim']} lr={p['lr']} reg={p['reg']}"
          + (f" k={p['depth']} w={p['width']} gamma={p['space_gain']}" if "depth" in p else "")
-         if "dim" in p else f"  parameters        " + " ".join(f"{k}={v}" for k, v in p.items())),
+         if "dim" in p else "  parameters        " + " ".join(f"{k}={v}" for k, v in p.items())),
         *([f"  heavy filter      {p['heavy_used']:,} of {p['heavy_slots']:,} slots "
            f"({p['heavy_fraction']:g} of the memory); other ids keep {p['light_dim']} of "
            f"{p['dim']} components in the sketch"] if p.get("heavy_slots") else []),

@@ -8,7 +8,6 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
