@@ -167,3 +167,17 @@ def test_registry_pins_every_movielens_set():
         assert spec.ratings.endswith(("u.data", "ratings.dat", "ratings.csv"))
         assert spec.archive == name + ".zip"
     assert datasets.BASE_URL == "https://files.grouplens.org/datasets/movielens/"
+
+
+def test_replay_and_experiment_take_a_data_set_name(monkeypatch, server, pinned, capsys, tmp_path):
+    import json
+
+    from sketchrec.replay.cli import sketchrec_main
+    use(monkeypatch, server, "ok")
+    assert sketchrec_main(["replay", "ml-100k", "--quiet", "--json"]) == 0   # fetched on first use
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["ratings"] == 200 and out["source"].endswith("u.data")
+    use(monkeypatch, server, "bad")   # a wrong checksum: one line, non-zero, nothing learned
+    monkeypatch.setenv("SKETCHREC_CACHE", str(tmp_path / "fresh"))
+    assert sketchrec_main(["replay", "ml-100k", "--quiet", "--json"]) == 2
+    assert "sha256" in capsys.readouterr().err

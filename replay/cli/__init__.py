@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("serve the newest checkpoint read-only over HTTP", "serve", "serve_main"),
     "consume": ("learn from a Kafka topic with checkpoints and dead letters", "consume", "consume_main"),
     "produce": ("publish a ratings file to a Kafka topic", "produce", "produce_main"),
+    "fetch": ("download a public ratings data set (MovieLens) by name, check and cache it",
+              "fetch", "fetch_main"),
     "bench": ("throughput, memory, serving and Kafka benchmarks against river and Vowpal Wabbit",
               "bench", "bench_main"),
 }

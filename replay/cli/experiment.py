@@ -16,8 +16,9 @@ def experiment_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=PROG, description="Run a reproducible experiment.")
     ap.add_argument("name", nargs="?", help="experiment name (see --list)")
     ap.add_argument("--list", action="store_true", help="list the experiments")
-    ap.add_argument("--data", type=Path, help="data path, where the experiment takes one (default: "
-                    "$SKETCHREC_DATA/ml-100k/u.data, $SKETCHREC_DATA = ../shared/data)")
+    ap.add_argument("--data", help="data path or data-set name (e.g. ml-1m, fetched on first use), "
+                    "where the experiment takes one (default: $SKETCHREC_DATA/ml-100k/u.data, "
+                    "$SKETCHREC_DATA = ../shared/data)")
     ap.add_argument("--out", type=Path, default=Path("out"), help="output directory")
     ap.add_argument("--quick", action="store_true", help="reduced grid (for tests)")
     args = ap.parse_args(argv)
@@ -31,7 +32,9 @@ def experiment_main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        experiments[args.name].run(args.data, args.out, args.quick)
+        from sketchrec.replay.cli.fetch import resolve_data
+        data = resolve_data(args.data, PROG)
+        experiments[args.name].run(Path(data) if data else None, args.out, args.quick)
     except MissingData as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2

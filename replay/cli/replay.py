@@ -18,6 +18,7 @@ from sketchrec.replay.cli.display import ProgressBar, say, summary, to_json
 from sketchrec.replay.cli.options import (Parser, add_model_args, add_monitor_args, add_serving_args,
                                           nonnegative_int, positive_float, positive_int, rating_range,
                                           speed, unit_fraction, value_range)
+from sketchrec.replay.cli.fetch import resolve_data
 from sketchrec.replay.cli.serve import serve_until_interrupted, start_server
 from sketchrec.replay.cli.source import Source, open_source, path_problem
 
@@ -38,7 +39,9 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
         prog=prog, description="Replay a ratings file (or the built-in synthetic stream) as a stream "
         "into an online recommender and report its accuracy and speed.")
     ap.add_argument("path", nargs="?", help="ratings file: MovieLens ratings.csv, ml-100k u.data or "
-                    "ml-1m/10m ratings.dat (auto-detected); omitted: the synthetic stream")
+                    "ml-1m/10m ratings.dat (auto-detected, plain or .gz), or a data-set name "
+                    "(ml-100k, ml-1m, ml-10m, ml-20m, ml-25m, ml-latest-small: fetched and cached on "
+                    "first use, see `sketchrec fetch`); omitted: the synthetic stream")
     ap.add_argument("--order", choices=("time", "file", "shuffle"), default="time")
     ap.add_argument("--rating-range", type=rating_range, metavar="L,U|none",
                     help="ratings outside [L, U] are set aside by reason (default: the format's "
@@ -78,6 +81,11 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
     """Run `replay`: 0 when done, 130 when interrupted (Ctrl-C: the partial summary of what was
     learned); a bad option or file ends it with a one-line message on stderr (SystemExit)."""
     args = build_parser(prog).parse_args(argv)
+    try:
+        args.path = resolve_data(args.path, prog)   # a data-set name becomes its cached file
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
     problem = path_problem(args.path) if args.path else None
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
