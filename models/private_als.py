@@ -85,6 +85,8 @@ def item_statistics(n_items: int, users: np.ndarray, items: np.ndarray, y: np.nd
 class PrivateALS:
     """Joint-DP ALS over a public item ``catalogue``; ``fit`` then ``predict_many``."""
 
+    joint_dp = True   # its answers about U may go only to U or the backend (``privacy.release``)
+
     def __init__(self, config: JointDPConfig, catalogue: np.ndarray):
         if config.unit not in ("user", "rating"):
             raise ValueError("unit must be 'user' or 'rating'")
@@ -172,16 +174,21 @@ class PrivateALS:
         """Answers for (user, item) pairs, each from that user's own solution (unknown users:
         the baseline). Only ever shown to the user asked about (joint DP)."""
         pos = item_index(self.catalogue, np.asarray(items))
+        return np.clip(self.answers(self.user_rows(np.asarray(users)), pos), *self.config.rating_range)
+
+    def user_rows(self, users: np.ndarray) -> np.ndarray:
+        """Each user's row of the per-user solutions (-1: a user without training ratings)."""
+        upos = np.minimum(np.searchsorted(self.user_ids, users), len(self.user_ids) - 1)
+        return np.where(self.user_ids[upos] == users, upos, -1)
+
+    def answers(self, rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Unclipped answers for user rows (``user_rows``) and catalogue positions (-1: unknown)."""
         base = self.release.baseline(pos)
         if not self.chose_factors:
-            return np.clip(base, *self.config.rating_range)
-        upos = np.searchsorted(self.user_ids, users)
-        upos = np.minimum(upos, len(self.user_ids) - 1)
-        known = self.user_ids[upos] == users
-        coef = np.where(known[:, None], self.coef[upos], 0.0)
+            return base
+        coef = np.where((rows >= 0)[:, None], self.coef[np.maximum(rows, 0)], 0.0)
         vecs = np.where((pos >= 0)[:, None], self.factors[np.maximum(pos, 0)], 0.0)
-        pred = base + coef[:, -1] + np.einsum("nk,nk->n", coef[:, :-1], vecs)
-        return np.clip(pred, *self.config.rating_range)
+        return base + coef[:, -1] + np.einsum("nk,nk->n", coef[:, :-1], vecs)
 
     def figures(self) -> dict:
         """The /privacy figures (the ledger's proven epsilon, or the non-private label)."""
@@ -208,6 +215,8 @@ class PrivateALS:
 class PrivateBaseline:
     """The private baseline under the same budget: DP global mean + damped DP item biases, the
     whole budget on the bias statistics (no per-user part at all)."""
+
+    joint_dp = True
 
     def __init__(self, config: JointDPConfig, catalogue: np.ndarray):
         self.config, self.catalogue = config, np.asarray(catalogue)

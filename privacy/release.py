@@ -60,6 +60,7 @@ def public_stats(stats: dict, private: bool) -> dict:
 
 def access_control_default(model, ldp: bool = False) -> bool:
     """Whether per-user answers need a credential by default: in every privacy mode (DP-SGD,
-    SGLD, loss clipping, local DP)."""
-    return (getattr(model, "dp", None) is not None or bool(getattr(model, "sgld_temperature", None))
+    SGLD, loss clipping, local DP), and always for a joint-DP model (``joint_dp``: its answers
+    about U may go only to U or the backend)."""
+    return (getattr(model, "dp", None) is not None or getattr(model, "joint_dp", False) or bool(getattr(model, "sgld_temperature", None))
             or getattr(model, "clip_loss", None) is not None or ldp)

@@ -16,8 +16,8 @@ NOT_COVERED = "not covered by any privacy guarantee: exact operator state (admin
 
 
 def central_dp(model) -> bool:
-    """Whether the model trains with DP-SGD (its releases are accounted)."""
-    return getattr(model, "dp", None) is not None
+    """Whether the model trains with DP-SGD or is a joint-DP model (its releases are accounted)."""
+    return getattr(model, "dp", None) is not None or getattr(model, "joint_dp", False)
 
 
 def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None,

@@ -4,6 +4,7 @@
 ``train_user_private`` fits the private model (``models.private_als``) and the private baseline
 under the same (epsilon, delta) and unit on the training part and scores both on the test part.
 Every test answer for user U is computed from the release and U's own training ratings only.
+The fitted model (not the baseline: it falls back by itself) is what `--serve` then serves.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def train_user_private(train: Ratings, test: Ratings, epsilon: float, delta: flo
     return {"rmse": _rmse(model, test), "baseline_rmse": base_rmse, "train_ratings": len(train),
             "test_ratings": len(test), "seconds": seconds, "fallback": figures["fallback"],
             "privacy": figures, "baseline_privacy": baseline.figures(),
-            "non_private": not math.isfinite(epsilon)}
+            "non_private": not math.isfinite(epsilon), "model": model}
 
 
 def joint_holdout_report(path: str | Path | None, data: Ratings, fraction: float, seed: int,
@@ -74,7 +75,8 @@ def joint_holdout_report(path: str | Path | None, data: Ratings, fraction: float
                          cap: int | None = None, rank: int = 0) -> dict:
     """What `replay PATH --holdout F --seed S --dp-epsilon E --dp-unit U` reports in the joint-DP
     mode: the same split as ``replay.protocols.holdout`` (``split_holdout(data, F, S)``), the
-    public catalogue beside PATH, ``JointDPConfig`` defaults unless ``cap`` / ``rank`` are given."""
+    public catalogue beside PATH, ``JointDPConfig`` defaults unless ``cap`` / ``rank`` are given.
+    Also the fitted model, its training part and the catalogue's source (to serve it; not JSON)."""
     from sketchrec.replay.protocols import split_holdout
     train, test = split_holdout(data, fraction, seed)
     catalogue, source = public_catalogue(path, data)
@@ -83,4 +85,5 @@ def joint_holdout_report(path: str | Path | None, data: Ratings, fraction: float
     return {"protocol": "holdout", "fraction": fraction, "rmse": res["rmse"],
             "baseline_rmse": res["baseline_rmse"], "train_ratings": res["train_ratings"],
             "test_ratings": res["test_ratings"], "seconds": res["seconds"],
-            "privacy": res["privacy"], "baseline_privacy": res["baseline_privacy"]}
+            "privacy": res["privacy"], "baseline_privacy": res["baseline_privacy"],
+            "model": res["model"], "train": train, "catalogue_source": source}

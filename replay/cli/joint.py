@@ -1,18 +1,27 @@
 """`replay --holdout F --dp-epsilon E` in the joint-DP mode (`--dp-model joint`, the default for
 `--dp-unit user`): the private bias/factor release plus each user's privately solved part
-(``replay.private_holdout``), reported in the same result shape as the other protocols."""
+(``replay.private_holdout``), reported in the same result shape as the other protocols; with
+`--serve` the fitted model is then served read-only (``stream.serving.joint``), per-user access
+control always on."""
 
 from __future__ import annotations
 
 import time
 
+from typing import TYPE_CHECKING
+
 from sketchrec.data import Ratings
 from sketchrec.replay.cli.config import ReplayConfig
 
+if TYPE_CHECKING:
+    from sketchrec.stream.serving.joint import JointService
+
 
 def check_joint(config: ReplayConfig) -> None:
-    """The joint mode trains in one batch and is not served: refuse what it cannot honour."""
-    unsupported = {"--serve": config.serving.listen, "--checkpoint": config.serving.checkpoint,
+    """The joint mode trains in one batch and is served read-only with per-user access control:
+    refuse what it cannot honour."""
+    unsupported = {"--checkpoint": config.serving.checkpoint,
+                   "--access-control off": config.serving.listen and config.serving.access is False,
                    "--audit-canaries": config.audit_canaries, "--ldp-epsilon": config.ldp_epsilon,
                    "--model dense/river": config.model.kind != "sketch"}
     given = [name for name, value in unsupported.items() if value]
@@ -21,8 +30,10 @@ def check_joint(config: ReplayConfig) -> None:
                          "use --dp-model sgd")
 
 
-def run_joint(config: ReplayConfig, data: Ratings, source_name: str, path, report) -> dict:
-    """Fit and score the joint-DP model and its private baseline on the holdout split."""
+def run_joint(config: ReplayConfig, data: Ratings, source_name: str, path,
+              report) -> tuple[dict, "JointService | None"]:
+    """Fit and score the joint-DP model and its private baseline on the holdout split; and with
+    `--serve` the read-only service over the fitted model (else None)."""
     from sketchrec.models.private_als import JointDPConfig
     from sketchrec.replay.private_holdout import joint_holdout_report
     check_joint(config)
@@ -31,7 +42,10 @@ def run_joint(config: ReplayConfig, data: Ratings, source_name: str, path, repor
     res = joint_holdout_report(path, data, config.holdout, config.seed, dp.epsilon, dp.delta, dp.unit,
                                dp.rating_range, cap=dp.user_cap, rank=dp.rank)
     seconds = time.perf_counter() - t0
-    privacy = res["privacy"]
+    privacy, service = res["privacy"], None
+    if config.serving.listen:
+        from sketchrec.stream.serving.joint import JointRecommender, JointService
+        service = JointService(JointRecommender(res["model"], res["train"], res["catalogue_source"]))
     return {
         "protocol": "holdout", "model": "joint-dp", "source": source_name, "order": config.order,
         "ratings": res["train_ratings"], "learned": res["train_ratings"], "train": res["train_ratings"],
@@ -43,4 +57,4 @@ def run_joint(config: ReplayConfig, data: Ratings, source_name: str, path, repor
         "privacy": privacy, "baseline_privacy": res["baseline_privacy"], "kld": None,
         "skipped": dict(report.skipped), "skipped_total": report.n_skipped,
         "skipped_examples": [{"line": n, "reason": r, "text": t} for n, r, t in report.examples],
-    }
+    }, service

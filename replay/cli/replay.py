@@ -94,7 +94,7 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
         config = ReplayConfig.from_args(args)
         server = None
         if config.dp.joint(config.holdout is not None):
-            result = _joint(config)
+            result, server = _joint(config)
         else:
             run = prepare(config, prog)
             server = start_server(run.service, config.serving) if config.serving.listen else None
@@ -121,14 +121,16 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
     return 0
 
 
-def _joint(config: ReplayConfig) -> dict:
-    """The joint-DP mode (replay/cli/joint.py) on the whole data set."""
+def _joint(config: ReplayConfig):
+    """The joint-DP mode (replay/cli/joint.py) on the whole data set: its result, and with
+    --serve the server over the fitted model (read-only; else None)."""
     from sketchrec.replay.cli.joint import check_joint, run_joint
     check_joint(config)
     source = open_source(config, "replay")
     data = source.data if source.data is not None else Ratings.concat(list(source.batches))
-    return {**run_joint(config, data, source.name, config.path, source.report),
-            "rss_mb": round(rss_mb(), 1)}
+    result, service = run_joint(config, data, source.name, config.path, source.report)
+    server = start_server(service, config.serving) if service is not None else None
+    return {**result, "rss_mb": round(rss_mb(), 1)}, server
 
 
 @dataclass

@@ -102,7 +102,10 @@ class _ServiceCollector:
 
 
 def resolve_access(service: LearningService, access) -> UserTokens | None:
-    """``access``: "auto" (on in every privacy mode), True/False, or a ``UserTokens`` to use."""
+    """``access``: "auto" (on in every privacy mode), True/False, or a ``UserTokens`` to use.
+    A joint-DP model refuses False/None: its guarantee holds only with access control."""
+    if getattr(service.recommender.model, "joint_dp", False) and not access:
+        raise ValueError("a joint-DP model is served with per-user access control only")
     if isinstance(access, UserTokens) or access is None or access is False:
         return access or None
     on = access is True or (access == "auto" and access_control_default(
@@ -174,7 +177,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     def require_admin(authorization: str | None = Header(default=None)) -> LearningService:
         svc = require_admin_read(authorization)
         if svc.read_only:
-            raise HTTPException(409, "this service is read-only (serving a checkpoint)")
+            raise HTTPException(409, "this service is read-only (a checkpoint, or a model trained in one batch)")
         return svc
 
     def authorise(user: str, authorization: str | None, token: str | None) -> None:
