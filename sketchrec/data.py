@@ -83,6 +83,11 @@ class ParseReport:
     def n_skipped(self) -> int:
         return sum(self.skipped.values())
 
+    def summary(self) -> dict:
+        """What a run's result reports of the parse: counts by reason, their total, examples."""
+        return {"skipped": dict(self.skipped), "skipped_total": self.n_skipped,
+                "skipped_examples": [{"line": n, "reason": r, "text": t} for n, r, t in self.examples]}
+
 
 def detect_format(first_line: str) -> str:
     """Name of the file format from its first line."""

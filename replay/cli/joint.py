@@ -32,11 +32,11 @@ def check_joint(config: ReplayConfig) -> None:
 
 def run_joint(config: ReplayConfig, data: Ratings, source_name: str, path,
               report) -> tuple[dict, "JointService | None"]:
-    """Fit and score the joint-DP model and its private baseline on the holdout split; and with
-    `--serve` the read-only service over the fitted model (else None)."""
+    """Fit and score the joint-DP model and its private baseline on the holdout split (the options
+    checked by ``check_joint`` first); and with `--serve` the read-only service over the fitted
+    model (else None)."""
     from sketchrec.models.private_als import JointDPConfig
     from sketchrec.replay.private_holdout import joint_holdout_report
-    check_joint(config)
     dp = config.dp
     t0 = time.perf_counter()
     res = joint_holdout_report(path, data, config.holdout, config.seed, dp.epsilon, dp.delta, dp.unit,
@@ -53,8 +53,7 @@ def run_joint(config: ReplayConfig, data: Ratings, source_name: str, path,
         "rmse": res["rmse"],
         "mae": None, "baseline_rmse": res["baseline_rmse"], "seconds": seconds,
         "throughput_per_s": res["train_ratings"] / max(seconds, 1e-9), "model_bytes": None,
-        "rss_mb": float("nan"), "params": {"seed": config.seed, "rank": dp.rank, "cap": dp.user_cap},
+        "params": {"seed": config.seed, "rank": dp.rank, "cap": dp.user_cap},
         "privacy": privacy, "baseline_privacy": res["baseline_privacy"], "kld": None,
-        "skipped": dict(report.skipped), "skipped_total": report.n_skipped,
-        "skipped_examples": [{"line": n, "reason": r, "text": t} for n, r, t in report.examples],
+        **report.summary(),
     }, service

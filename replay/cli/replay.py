@@ -273,10 +273,9 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
     config, model, report = run.config, run.model, run.source.report
     result.update({
         "model": config.model.kind, "source": run.source.name, "order": config.order,
-        "skipped": dict(report.skipped), "skipped_total": report.n_skipped,
+        **report.summary(),
         "rating_range": None if report.rating_range is None else list(report.rating_range),
         "rating_range_source": report.range_source if config.path else None,
-        "skipped_examples": [{"line": n, "reason": r, "text": t} for n, r, t in report.examples],
         "model_bytes": int(model.nbytes), "rss_mb": round(rss_mb(), 1), "rss_samples": rss,
         "params": _params(run),
     })
