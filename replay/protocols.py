@@ -1,7 +1,8 @@
 """Evaluation protocols over a rating stream.
 
 - prequential (thesis §4.1.5.4, the dynamic setting): each rating is predicted, then learned, in
-  one pass; RMSE/MAE are over those predictions.
+  one pass; RMSE/MAE are over those predictions, the curve over windows of them, and top-N
+  (``replay.topn``) ranks a sample of the ratings >= 4 before they are learned.
 - holdout (thesis §4.1.5.1 style): a seeded random split, E epochs over the training part
   (shuffled each epoch, eta_t = eta / (1 + t / T)), RMSE/MAE on the held-out part.
 """
@@ -20,6 +21,7 @@ from sketchrec.privacy.audit import real_rows
 from sketchrec.privacy.entropy import sampling_generator
 from sketchrec.privacy.leakage import kld_from_errors
 from sketchrec.data import Ratings
+from sketchrec.replay.curve import WindowedErrors
 
 Progress = Callable[[int, float, float], None]  # (ratings so far, running RMSE, ratings/s)
 
@@ -38,25 +40,36 @@ def _pace(batch: Ratings, t0_stream: int | None, t0_wall: float, speed: float | 
 
 
 def prequential(model, batches: Iterable[Ratings], progress: Progress | None = None,
-                speed: float | None = None) -> dict:
-    """Predict-then-learn over the stream, one pass."""
+                speed: float | None = None, window: int | None = None, topn=None) -> dict:
+    """Predict-then-learn over the stream, one pass. With ``window`` the result's ``curve`` is
+    the RMSE per window of that many ratings (``replay.curve``); with ``topn`` (a
+    ``replay.topn.TopN``) its sampled events are ranked before they are learned, and ``seconds``
+    leaves out the time that took (``topn.seconds``)."""
     errors = ErrorStats()
+    windows = WindowedErrors(window) if window else None
     t0 = time.perf_counter()
     t0_stream = None
     interrupted = False
     try:
         for batch in batches:
             t0_stream = _pace(batch, t0_stream, t0, speed)
-            predictions = model.learn_many(batch.users, batch.items, batch.ratings)
+            if topn is None:
+                predictions = model.learn_many(batch.users, batch.items, batch.ratings)
+            else:
+                predictions = topn.learn(model, batch)
             real = real_rows(batch.users)  # audit canaries are not part of the reported accuracy
             errors.add(predictions[real], batch.ratings[real])
+            if windows is not None:
+                windows.add(predictions[real], batch.ratings[real])
             if progress:
                 progress(errors.n, errors.rmse, errors.n / max(time.perf_counter() - t0, 1e-9))
     except KeyboardInterrupt:  # Ctrl-C: the figures of what was learned so far
         interrupted = True
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0 - (topn.seconds if topn is not None else 0.0)
     return {"protocol": "prequential", "ratings": errors.n, "rmse": errors.rmse, "mae": errors.mae,
             "seconds": seconds, "throughput_per_s": errors.n / max(seconds, 1e-9),
+            **({"curve": windows.curve()} if windows is not None else {}),
+            **({"topn": topn.result()} if topn is not None else {}),
             **({"interrupted": True} if interrupted else {})}
 
 

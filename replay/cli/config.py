@@ -180,6 +180,32 @@ class ServingSettings:
 
 
 @dataclass(frozen=True)
+class EvaluationSettings:
+    """The prequential protocol's extra measures (--window, --plot, --topn) and the synthetic
+    stream's --change-point."""
+
+    window: int | None = None        # None: 1% of the stream (replay.curve.default_window)
+    plot: Path | None = None
+    topn: int | None = None          # events sampled for top-N; None: not measured
+    change_point: float | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EvaluationSettings":
+        settings = cls(args.window, Path(args.plot) if args.plot else None, args.topn,
+                       args.change_point)
+        asked = [flag for flag, value in (("--window", args.window), ("--plot", args.plot),
+                                          ("--topn", args.topn)) if value is not None]
+        if asked and args.holdout is not None:
+            raise SystemExit(f"replay: {asked[0]} belongs to the prequential protocol (no --holdout)")
+        if args.topn is not None and args.model == "river":   # its predictions create state
+            raise SystemExit("replay: --topn needs a model that scores without learning (sketch or "
+                             "dense): river's predict_one draws start vectors for unknown ids")
+        if args.change_point is not None and args.path:
+            raise SystemExit("replay: --change-point is a property of the synthetic stream (no PATH)")
+        return settings
+
+
+@dataclass(frozen=True)
 class ReplayConfig:
     """Everything `replay` was asked for."""
 
@@ -203,6 +229,7 @@ class ReplayConfig:
     monitor: MonitorSettings
     serving: ServingSettings
     capacity: int | None = None   # --capacity; None: counted from the data (never in DP modes)
+    evaluation: EvaluationSettings = EvaluationSettings()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReplayConfig":
@@ -212,5 +239,6 @@ class ReplayConfig:
                    args.ldp_range, args.ldp_debias,
                    (args.synthetic_ratings, args.synthetic_users, args.synthetic_items),
                    args.rating_range, ModelSettings.from_args(args, dp.enabled), dp, MonitorSettings.from_args(args),
-                   ServingSettings.from_args(args), args.capacity)
+                   ServingSettings.from_args(args), args.capacity,
+                   EvaluationSettings.from_args(args))
 

@@ -89,6 +89,7 @@ def summary(result: dict) -> str:
            f"({p['heavy_fraction']:g} of the memory); other ids keep {p['light_dim']} of "
            f"{p['dim']} components in the sketch"] if p.get("heavy_slots") else []),
     ]
+    lines += _evaluation_lines(result)
     priv = result["privacy"]
     if priv.get("epsilon") is not None:
         lines.append(f"  guarantee         epsilon {priv['epsilon']:.4g}"
@@ -108,3 +109,27 @@ def summary(result: dict) -> str:
                      + ", ".join(f"{r}: {c:,}" for r, c in result["skipped"].items()))
         lines += [f"    line {e['line']}: {e['reason']}: {e['text']!r}" for e in result["skipped_examples"]]
     return "\n".join(lines)
+
+
+def _evaluation_lines(result: dict) -> list[str]:
+    """The curve's first, lowest and last windows, top-N beside popularity, the synthetic
+    stream's noise floor."""
+    lines = []
+    curve = result.get("curve")
+    if curve and curve["rmse"]:
+        rmse = curve["rmse"]
+        low = int(np.argmin(rmse))
+        lines.append(f"  windowed RMSE     first {rmse[0]:.4f}, lowest {rmse[low]:.4f} (to rating "
+                     f"{curve['end'][low]:,}), last {rmse[-1]:.4f}  ({len(rmse)} windows of "
+                     f"{curve['window']:,})")
+    top = result.get("topn")
+    if top:
+        pop = top["popularity"]
+        lines.append(f"  top-10            recall {top['recall_at_10']:.4f}, NDCG {top['ndcg_at_10']:.4f}"
+                     f"  (popularity {pop['recall_at_10']:.4f}, {pop['ndcg_at_10']:.4f}) on "
+                     f"{top['events']:,} ratings >= {top['threshold']:g}, {top['seconds']:.2f} s")
+    synth = result.get("synthetic")
+    if synth:
+        lines.append(f"  ground truth      noise floor RMSE {synth['noise_floor']:.4f}"
+                     + (f"; tastes redrawn at rating {synth['change_at']:,}" if synth["change_at"] else ""))
+    return lines

@@ -149,6 +149,20 @@ def add_dp_args(ap: argparse.ArgumentParser) -> None:
                     help="stop learning (keep serving) before the spent epsilon would exceed E")
 
 
+def add_evaluation_args(ap: argparse.ArgumentParser) -> None:
+    """What the prequential protocol measures beside RMSE (replay.curve, replay.topn), and the
+    synthetic stream's drift."""
+    ev = ap.add_argument_group("prequential evaluation")
+    ev.add_argument("--window", type=positive_int, metavar="N",
+                    help="ratings per window of the RMSE curve (--json: curve; default 1%% of the stream)")
+    ev.add_argument("--plot", metavar="PATH", help="draw the windowed RMSE curve into a PNG")
+    ev.add_argument("--topn", type=positive_int, nargs="?", const=2000, metavar="EVENTS",
+                    help="top-10 quality: rank every unrated item for EVENTS sampled ratings >= 4 "
+                    "(default 2000; seeded), before each is learned, beside a popularity ranker")
+    ev.add_argument("--change-point", type=unit_fraction, metavar="F",
+                    help="synthetic stream: every user's taste vector is redrawn at fraction F of it")
+
+
 def add_monitor_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-monitor", action="store_true", help="turn the privacy monitor off")
     ap.add_argument("--kld-window", type=window_int, default=20_000, help="ratings in the monitor's KLD window")

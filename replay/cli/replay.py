@@ -15,8 +15,8 @@ import numpy as np
 from sketchrec.data import Ratings
 from sketchrec.replay.cli.config import ReplayConfig
 from sketchrec.replay.cli.display import ProgressBar, say, summary, to_json
-from sketchrec.replay.cli.options import (Parser, add_model_args, add_monitor_args, add_serving_args,
-                                          nonnegative_int, positive_float, positive_int, rating_range,
+from sketchrec.replay.cli.options import (Parser, add_evaluation_args, add_model_args,
+                                          add_monitor_args, add_serving_args, nonnegative_int, positive_float, positive_int, rating_range,
                                           speed, unit_fraction, value_range)
 from sketchrec.replay.cli.fetch import resolve_data
 from sketchrec.replay.cli.serve import serve_until_interrupted, start_server
@@ -73,6 +73,7 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--synthetic-ratings", type=positive_int, default=SYNTHETIC["ratings"])
     ap.add_argument("--synthetic-users", type=positive_int, default=SYNTHETIC["users"])
     ap.add_argument("--synthetic-items", type=positive_int, default=SYNTHETIC["items"])
+    add_evaluation_args(ap)
     add_serving_args(ap)
     return ap
 
@@ -104,6 +105,9 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
         return 130
     if server is not None:
         result["serving"] = server.url
+    if config.evaluation.plot and "curve" in result:
+        from sketchrec.replay.curve import plot_curves
+        plot_curves({f"{result['model']} ({result['source']})": result["curve"]}, config.evaluation.plot)
     # with --json stdout carries the JSON object only, so `replay ... --json | jq` works
     print(summary(result), file=sys.stderr if config.json else sys.stdout, flush=True)
     if config.json:
@@ -239,10 +243,25 @@ def execute(run: Run) -> dict:
         if run.canaries is not None:
             batches = with_canaries(batches, run.canaries, run.source.total, config.seed)
         with ProgressBar(run.source.total, config.quiet, f"{config.model.kind} prequential") as show:
+            from sketchrec.replay.curve import default_window
             from sketchrec.replay.protocols import prequential
             result = prequential(run.learner, sample_rss(batches, run.source.total, rss), show,
-                                 config.speed)
+                                 config.speed, config.evaluation.window or default_window(run.source.total),
+                                 _topn(run))
     return _finish(run, result, rss)
+
+
+def _topn(run: Run):
+    """The top-N evaluator of --topn (replay.topn), scoring with the model itself, or None."""
+    if run.config.evaluation.topn is None:
+        return None
+    from sketchrec.replay.topn import TopN, sample_positions
+    data = run.source.data
+    positions = sample_positions(run.source.total, run.config.evaluation.topn, run.config.seed,
+                                 None if data is None else data.ratings)
+    if hasattr(run.model, "score_items"):   # compiles its kernel: not evaluation time (read-only)
+        run.model.score_items(0, np.arange(2))
+    return TopN(run.model, positions)
 
 
 def _holdout(run: Run) -> dict:
@@ -279,6 +298,11 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
         "model_bytes": int(model.nbytes), "rss_mb": round(rss_mb(), 1), "rss_samples": rss,
         "params": _params(run),
     })
+    synthetic = run.source.synthetic
+    if synthetic is not None:   # the ground truth's figures, beside what was learned of it
+        result["synthetic"] = {"noise_floor": synthetic.noise_floor(), "rank": synthetic.rank,
+                               "noise": synthetic.noise, "change_point": synthetic.change_point,
+                               "change_at": synthetic.change_at if synthetic.change_point else None}
     audit = run.canaries.audit(model) if run.canaries is not None else None
     if run.service is not None:
         run.service.record_audit(audit)

@@ -24,6 +24,7 @@ class Source:
     name: str
     report: ParseReport
     fmt: str | None = None   # the file's format (sketchrec.data.detect_format); None: synthetic
+    synthetic: SyntheticStream | None = None   # the synthetic stream's generator (its ground truth)
 
 
 def path_problem(path: str) -> str | None:
@@ -39,10 +40,11 @@ def path_problem(path: str) -> str | None:
 def open_source(config: ReplayConfig, prog: str = "replay") -> Source:
     if not config.path:
         n_ratings, n_users, n_items = config.synthetic
-        synth = SyntheticStream(n_ratings, n_users, n_items, seed=config.seed)
+        synth = SyntheticStream(n_ratings, n_users, n_items, seed=config.seed,
+                                change_point=config.evaluation.change_point)
         return Source(None, synth.batches(config.batch_size),
                       _capacity(config, synth.n_users + synth.n_items, prog), synth.n_ratings,
-                      "synthetic", ParseReport())
+                      "synthetic", ParseReport(), synthetic=synth)
     try:
         data, report = read_ratings(config.path, rating_range=config.rating_range)
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile, ValueError) as exc:
