@@ -182,17 +182,19 @@ class ServingSettings:
 @dataclass(frozen=True)
 class EvaluationSettings:
     """The prequential protocol's extra measures (--window, --plot, --topn) and the synthetic
-    stream's --change-point."""
+    stream's ground truth (--change-point, --synthetic-taste, --synthetic-noise)."""
 
     window: int | None = None        # None: 1% of the stream (replay.curve.default_window)
     plot: Path | None = None
     topn: int | None = None          # events sampled for top-N; None: not measured
     change_point: float | None = None
+    taste: float | None = None       # the synthetic stream's --synthetic-taste, --synthetic-noise
+    noise: float = 0.5
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EvaluationSettings":
         settings = cls(args.window, Path(args.plot) if args.plot else None, args.topn,
-                       args.change_point)
+                       args.change_point, args.synthetic_taste, args.synthetic_noise)
         asked = [flag for flag, value in (("--window", args.window), ("--plot", args.plot),
                                           ("--topn", args.topn)) if value is not None]
         if asked and args.holdout is not None:
@@ -200,8 +202,10 @@ class EvaluationSettings:
         if args.topn is not None and args.model == "river":   # its predictions create state
             raise SystemExit("replay: --topn needs a model that scores without learning (sketch or "
                              "dense): river's predict_one draws start vectors for unknown ids")
-        if args.change_point is not None and args.path:
-            raise SystemExit("replay: --change-point is a property of the synthetic stream (no PATH)")
+        given = [flag for flag, value in (("--change-point", args.change_point),
+                                          ("--synthetic-taste", args.synthetic_taste)) if value is not None]
+        if given and args.path:
+            raise SystemExit(f"replay: {given[0]} is a property of the synthetic stream (no PATH)")
         return settings
 
 

@@ -161,6 +161,10 @@ def add_evaluation_args(ap: argparse.ArgumentParser) -> None:
                     "(default 2000; seeded), before each is learned, beside a popularity ranker")
     ev.add_argument("--change-point", type=unit_fraction, metavar="F",
                     help="synthetic stream: every user's taste vector is redrawn at fraction F of it")
+    ev.add_argument("--synthetic-taste", type=positive_float, metavar="S",
+                    help="synthetic stream: std of the taste term u.v (default 1/sqrt(8))")
+    ev.add_argument("--synthetic-noise", type=nonnegative_float, default=0.5, metavar="S",
+                    help="synthetic stream: std of the rating noise (default 0.5)")
 
 
 def add_monitor_args(ap: argparse.ArgumentParser) -> None:

@@ -107,7 +107,8 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
         result["serving"] = server.url
     if config.evaluation.plot and "curve" in result:
         from sketchrec.replay.curve import plot_curves
-        plot_curves({f"{result['model']} ({result['source']})": result["curve"]}, config.evaluation.plot)
+        label = f"{result['model']} ({os.path.basename(result['source'])})"
+        plot_curves({label: result["curve"]}, config.evaluation.plot)
     # with --json stdout carries the JSON object only, so `replay ... --json | jq` works
     print(summary(result), file=sys.stderr if config.json else sys.stdout, flush=True)
     if config.json:
@@ -301,7 +302,8 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
     synthetic = run.source.synthetic
     if synthetic is not None:   # the ground truth's figures, beside what was learned of it
         result["synthetic"] = {"noise_floor": synthetic.noise_floor(), "rank": synthetic.rank,
-                               "noise": synthetic.noise, "change_point": synthetic.change_point,
+                               "noise": synthetic.noise, "taste": synthetic.taste,
+                               "change_point": synthetic.change_point,
                                "change_at": synthetic.change_at if synthetic.change_point else None}
     audit = run.canaries.audit(model) if run.canaries is not None else None
     if run.service is not None:

@@ -40,8 +40,9 @@ def path_problem(path: str) -> str | None:
 def open_source(config: ReplayConfig, prog: str = "replay") -> Source:
     if not config.path:
         n_ratings, n_users, n_items = config.synthetic
-        synth = SyntheticStream(n_ratings, n_users, n_items, seed=config.seed,
-                                change_point=config.evaluation.change_point)
+        truth = config.evaluation
+        synth = SyntheticStream(n_ratings, n_users, n_items, noise=truth.noise, seed=config.seed,
+                                change_point=truth.change_point, taste=truth.taste)
         return Source(None, synth.batches(config.batch_size),
                       _capacity(config, synth.n_users + synth.n_items, prog), synth.n_ratings,
                       "synthetic", ParseReport(), synthetic=synth)
