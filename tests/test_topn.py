@@ -107,3 +107,17 @@ def test_sample_positions_are_seeded_and_relevant():
     assert len(a) == 40 and (np.diff(a) > 0).all() and (ratings[a] >= 4).all()
     assert not np.array_equal(a, sample_positions(len(ratings), 40, seed=4, ratings=ratings))
     assert len(sample_positions(10, 40, seed=3)) == 10   # unknown ratings: any position, at most all
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--topn", "--model", "river"], "scores without learning"),
+    (["--topn", "--dp-epsilon", "1"], "DP-SGD's noisy steps"),
+    (["--topn", "--holdout", "0.2"], "prequential"),
+    (["../u.data", "--change-point", "0.5"], "synthetic stream")])
+def test_replay_refuses_what_top_n_cannot_measure_honestly(argv, message, tmp_path):
+    from sketchrec.replay.cli.replay import replay_main
+    if argv[0].endswith("u.data"):
+        argv = [str(tmp_path / "u.data")] + argv[1:]
+        (tmp_path / "u.data").write_text("1\t2\t3\t4\n")
+    with pytest.raises(SystemExit, match=message):
+        replay_main(argv + ["--quiet"])

@@ -202,6 +202,10 @@ class EvaluationSettings:
         if args.topn is not None and args.model == "river":   # its predictions create state
             raise SystemExit("replay: --topn needs a model that scores without learning (sketch or "
                              "dense): river's predict_one draws start vectors for unknown ids")
+        if args.topn is not None and any(v is not None for v in (args.dp_epsilon, args.dp_noise,
+                                                                 args.sgld_dp)):
+            raise SystemExit("replay: --topn cuts the stream's batches at its events, which would "
+                             "move DP-SGD's noisy steps: measure top-N without DP")
         given = [flag for flag, value in (("--change-point", args.change_point),
                                           ("--synthetic-taste", args.synthetic_taste)) if value is not None]
         if given and args.path:
