@@ -80,8 +80,7 @@ class TopN:
         self.positions, self.k, self.threshold = np.asarray(positions, dtype=np.int64), k, threshold
         self.seen = 0                      # stream position of the next rating
         self.codes: dict = {}              # item id -> code, in order of first rating
-        self.item_ids: list = []
-        self._ids = np.empty(0, dtype=np.int64)   # item_ids as an array, rebuilt as it grows
+        self.ids = np.empty(0, dtype=object)   # item ids by code
         self.counts = np.zeros(1024, dtype=np.int64)   # ratings so far per item code
         self.rated: defaultdict = defaultdict(set)      # user -> item codes rated so far
         self.model = np.zeros(2)           # sums of hits and gains
@@ -110,21 +109,23 @@ class TopN:
         t0 = time.perf_counter()
         keep = real_rows(part.users)   # audit canaries are not users
         users, items = part.users[keep].tolist(), part.items[keep].tolist()
-        codes = [self.codes.setdefault(i, len(self.codes)) for i in items]
-        if len(self.codes) > len(self.item_ids):
-            self.item_ids += list(self.codes)[len(self.item_ids):]
+        codes, new = [], []
+        for item in items:
+            code = self.codes.get(item)
+            if code is None:
+                code = self.codes[item] = len(self.codes)
+                new.append(item)
+            codes.append(code)
+        if new:
+            if not len(self.ids):   # numeric ids stay an int64 array; others are objects
+                self.ids = self.ids.astype(np.int64 if part.items.dtype.kind in "iu" else object)
+            self.ids = np.concatenate([self.ids, np.array(new, dtype=self.ids.dtype)])
         if len(self.codes) > len(self.counts):
             self.counts = np.pad(self.counts, (0, 2 * len(self.codes)))
         np.add.at(self.counts, codes, 1)
         for user, code in zip(users, codes):
             self.rated[user].add(code)
         self.seconds += time.perf_counter() - t0
-
-    def _candidate_ids(self, candidates: np.ndarray) -> np.ndarray:
-        if len(self._ids) != len(self.item_ids):   # the catalogue grew since the last event
-            ints = all(type(i) is int for i in self.item_ids)
-            self._ids = np.array(self.item_ids, dtype=np.int64 if ints else object)
-        return self._ids[candidates]
 
     def _score(self, user, item, rating: float) -> None:
         if rating < self.threshold or is_canary(np.array([user], dtype=object))[0]:
@@ -141,7 +142,7 @@ class TopN:
             unrated[code] = True   # a re-rated item is still the one to find
             candidates = np.flatnonzero(unrated)
             target = int(np.searchsorted(candidates, code))
-            scores = self.score(user, self._candidate_ids(candidates))
+            scores = self.score(user, self.ids[candidates])
             self.model += expected_hit_gain(*rank_counts(scores, target), self.k)
             self.popular += expected_hit_gain(*rank_counts(self.counts[candidates], target), self.k)
         self.seconds += time.perf_counter() - t0
