@@ -65,15 +65,18 @@ class WindowedErrors:
                 "n": list(self._count)}
 
 
-def plot_curves(curves: dict[str, dict], path: str | Path, title: str = "") -> None:
+def plot_curves(curves: dict[str, dict], path: str | Path, title: str = "",
+                change_at: int | None = None) -> None:
     """A PNG of one or more curves (label -> ``WindowedErrors.curve()``): windowed RMSE against
-    the ratings seen."""
+    the ratings seen, with a dashed line at ``change_at`` (a synthetic stream's change-point)."""
     import matplotlib
     matplotlib.use("Agg")   # files only, never a display
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for label, curve in curves.items():
         ax.plot(curve["end"], curve["rmse"], label=label, linewidth=1.2)
+    if change_at is not None:
+        ax.axvline(change_at, color="grey", linestyle="--", linewidth=1, label="change-point")
     ax.set_xlabel("ratings seen")
     ax.set_ylabel(f"RMSE per window ({next(iter(curves.values()))['window']:,} ratings)"
                   if curves else "RMSE per window")

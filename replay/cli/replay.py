@@ -108,7 +108,8 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
     if config.evaluation.plot and "curve" in result:
         from sketchrec.replay.curve import plot_curves
         label = f"{result['model']} ({os.path.basename(result['source'])})"
-        plot_curves({label: result["curve"]}, config.evaluation.plot)
+        plot_curves({label: result["curve"]}, config.evaluation.plot,
+                    change_at=(result.get("synthetic") or {}).get("change_at"))
     # with --json stdout carries the JSON object only, so `replay ... --json | jq` works
     print(summary(result), file=sys.stderr if config.json else sys.stdout, flush=True)
     if config.json:
