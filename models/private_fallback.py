@@ -3,8 +3,10 @@ the private baseline (DP global mean + DP item biases) made under the same budge
 the two answers is itself a DP release.
 
 ``DPSGDFallback`` wraps a DP-SGD ``SketchMF`` (everything it does not define is the model's). It
-answers with the factor model while a one-sided DP test (``privacy.joint_dp.keeps_factors``) finds
-no clear evidence that the baseline is better, else with the baseline; ``fallback_figures()`` says which
+answers with the factor model while a DP test (``privacy.joint_dp.keeps_factors``) finds no
+evidence that the baseline is better (holdout: one-sided at 3 noise std, as the joint mode; a
+stream: the lower noisy error, decided again every window, the baseline before the first), else
+with the baseline; ``fallback_figures()`` says which
 and why (/privacy, `replay --json`).
 
 Budget (``privacy.joint_dp.FALLBACK_SHARES``; one ledger, composition):
@@ -256,7 +258,7 @@ class DPSGDFallback:
         noise, std_c = self._noise("choice", 2.0, "choice_ratings")
         self.choice_sum += float(np.clip(diff, -CHOICE_CLIP, CHOICE_CLIP).sum() + noise((), self._rng()))
         self.choice_std = std_c * math.sqrt(self.windows)
-        self.chose_factors = keeps_factors(self.choice_sum, self.choice_std)
+        self.chose_factors = keeps_factors(self.choice_sum, self.choice_std, margin=0.0)
 
     def _noise_of_pass(self) -> float:
         """The item statistics' noise std of one window of a pass (replace-one)."""
@@ -286,7 +288,9 @@ class DPSGDFallback:
                 "choice": {"noisy_sum": self.choice_sum, "noise_std": self.choice_std,
                            "windows": self.windows if self.position else None,
                            "rule": "baseline when the noisy sum of clipped (baseline - model) "
-                                   "squared-error differences is below -3 noise std"},
+                                   "squared-error differences is below " +
+                                   ("0 (stream: decided again every window)" if self.windows
+                                    else "-3 noise std (holdout)")},
                 "fallback_budget": f"{FALLBACK_SHARES} of the budget's 1/z^2 (DP-SGD: the rest), "
                                    "charged in the same ledger"}
 

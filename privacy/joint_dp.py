@@ -200,10 +200,11 @@ def noisy_choice(differences: np.ndarray, noise, std: float,
     return keeps_factors(total, std), total
 
 
-def keeps_factors(noisy_sum: float, std: float) -> bool:
+def keeps_factors(noisy_sum: float, std: float, margin: float = CHOICE_MARGIN) -> bool:
     """The one-sided test on a released noisy sum of (baseline minus model) error differences of
-    noise std ``std``: keep the factor model unless the sum is below -CHOICE_MARGIN std."""
-    return noisy_sum >= -CHOICE_MARGIN * std
+    noise std ``std``: keep the factor model unless the sum is below -margin std (a stream, which
+    decides again at every window, uses margin 0: the model with the lower noisy error)."""
+    return noisy_sum >= -margin * std
 
 
 # The DP-SGD modes' fallback (``models.private_fallback``): public shares of the one Gaussian worth
