@@ -5,7 +5,8 @@ the two answers is itself a DP release.
 ``DPSGDFallback`` wraps a DP-SGD ``SketchMF`` (everything it does not define is the model's). It
 answers with the factor model while a DP test (``privacy.joint_dp.keeps_factors``) finds no
 evidence that the baseline is better (holdout: one-sided at 3 noise std, as the joint mode; a
-stream: the lower noisy error, decided again every window, the baseline before the first), else
+stream: the lower noisy error, recent windows weighted more, decided again every window, the
+baseline before the first), else
 with the baseline; ``fallback_figures()`` says which
 and why (/privacy, `replay --json`).
 
@@ -57,6 +58,7 @@ BASELINE = ("private baseline: DP mean + DP item biases (fallback: the DP choice
             "factor model clearly worse on the users' own ratings)")
 DAMPING = 5.0
 WINDOW = 10_000   # stream positions per release of the baseline and the choice (public)
+DECAY = 0.5       # weight of the choice's running sum at each new window (stream)
 
 
 def buckets(items, width: int) -> np.ndarray:
@@ -255,9 +257,14 @@ class DPSGDFallback:
         self.windows += 1
         self.release = bias_estimates(*self._totals, dp.rating_range, std * math.sqrt(self.windows),
                                       DAMPING)
+        if self.windows == 1:  # the baseline answered the first window before any release:
+            return             # comparing there would judge the midpoint, not the baseline
         noise, std_c = self._noise("choice", 2.0, "choice_ratings")
-        self.choice_sum += float(np.clip(diff, -CHOICE_CLIP, CHOICE_CLIP).sum() + noise((), self._rng()))
-        self.choice_std = std_c * math.sqrt(self.windows)
+        # recent windows weigh more (both models change as they learn): each older window's
+        # released sum counts half as much again (post-processing of the releases)
+        window_sum = float(np.clip(diff, -CHOICE_CLIP, CHOICE_CLIP).sum() + noise((), self._rng()))
+        self.choice_sum = DECAY * self.choice_sum + window_sum
+        self.choice_std = math.sqrt(DECAY ** 2 * self.choice_std ** 2 + std_c ** 2)
         self.chose_factors = keeps_factors(self.choice_sum, self.choice_std, margin=0.0)
 
     def _noise_of_pass(self) -> float:
@@ -289,7 +296,8 @@ class DPSGDFallback:
                            "windows": self.windows if self.position else None,
                            "rule": "baseline when the noisy sum of clipped (baseline - model) "
                                    "squared-error differences is below " +
-                                   ("0 (stream: decided again every window)" if self.windows
+                                   ("0 (stream: each older window weighs half as much again; "
+                                    "decided every window)" if self.windows
                                     else "-3 noise std (holdout)")},
                 "fallback_budget": f"{FALLBACK_SHARES} of the budget's 1/z^2 (DP-SGD: the rest), "
                                    "charged in the same ledger"}
