@@ -30,10 +30,16 @@ Sensitivity per privacy unit, which sets the accounted noise multiplier (``priva
   rating is in exactly one step, so a pass costs one Gaussian mechanism of multiplier sigma / 2;
 - user, one pass over a stream with each user's ratings capped at m: the user's steps have
   sensitivities 2 n_b C with sum n_b <= m, which compose to one Gaussian of multiplier sigma / (2m).
+
+The private fallback (``models.private_fallback``: a DP baseline and a DP choice between it and
+the factor model) takes the public share ``fallback_share`` of every pass's budget (of 1/z^2): a
+pass then costs one Gaussian of multiplier sigma / (2m) * sqrt(1 - fallback_share), which
+``stream_multiplier`` returns, so every ledger that charges a pass charges the fallback too.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -42,6 +48,7 @@ from numba import njit
 from sketchrec.models._sgd import (BIAS_REG, INIT_STD, LR, REG, TOTAL, clip_to_range, dot,
                                    read_bias, read_factor, unpack)
 from sketchrec.privacy.entropy import noise_generator
+from sketchrec.privacy.joint_dp import FALLBACK_SHARE
 from sketchrec.sketches.count_sketch import scatter_add
 
 UNITS = ("rating", "user")
@@ -65,12 +72,15 @@ class DPConfig:
     rating_range: tuple[float, float] = (1.0, 5.0)
     mode: str = "dp-sgd"
     debug_noise_seed: int | None = None  # debug only: reproducible noise, no guarantee (privacy.entropy)
+    fallback_share: float = FALLBACK_SHARE  # of each pass's budget, for the private fallback
 
     def __post_init__(self):
         if not self.noise_multiplier >= 0 or not self.clip > 0 or self.batch_size < 1:
             raise ValueError("need noise_multiplier >= 0, clip > 0 and batch_size >= 1")
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}")
+        if not 0 <= self.fallback_share < 1:
+            raise ValueError("fallback_share must lie in [0, 1)")
         if self.unit == "user" and not (self.user_cap and self.user_cap >= 1):
             raise ValueError("the user unit needs user_cap >= 1")
         lo, hi = self.rating_range
@@ -88,8 +98,9 @@ class DPConfig:
         return self.noise_multiplier / self.sensitivity_factor
 
     def stream_multiplier(self) -> float:
-        """Accounted noise multiplier of one pass over a stream in fixed chunks (replace-one)."""
-        return self.noise_multiplier / (2 * self.sensitivity_factor)
+        """Accounted noise multiplier of one pass over a stream in fixed chunks (replace-one),
+        the private fallback's releases included (``fallback_share`` of 1/z^2)."""
+        return self.noise_multiplier / (2 * self.sensitivity_factor) * math.sqrt(1 - self.fallback_share)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -30,6 +30,8 @@ True
 
 from __future__ import annotations
 
+import io
+import json
 import math
 from dataclasses import asdict, dataclass
 
@@ -202,6 +204,34 @@ class PrivateALS:
                     "fallback": not self.chose_factors, **extra}
         void = DEBUG_NOTE if self.config.debug_noise_seed is not None else None
         return joint_figures(self.ledger, "joint-dp", self.serving(), not self.chose_factors, void, extra)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """The fitted model: the release (mean, item biases and statistics, item factors, the
+        fallback bit), each user's own solution (operator state: never released) and the ledger."""
+        meta = {"config": asdict(self.config), "chose_factors": bool(self.chose_factors),
+                "choice_sum": self.choice_sum, "mu": self.release.mu,
+                "ledger": self.ledger.to_dict() if self.ledger is not None else None}
+        buf = io.BytesIO()
+        np.savez(buf, catalogue=self.catalogue, item_bias=self.release.item_bias,
+                 counts=self.release.counts, sums=self.release.sums, factors=self.factors,
+                 coef=self.coef, user_ids=self.user_ids,
+                 meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "PrivateALS":
+        """Back from ``to_bytes``, with its ledger (a restart never resets the budget spent)."""
+        with np.load(io.BytesIO(blob), allow_pickle=False) as parts:
+            arrays = {k: parts[k] for k in parts.files}
+        meta = json.loads(arrays.pop("meta").tobytes())
+        cfg = meta["config"]
+        model = cls(JointDPConfig(**{**cfg, "rating_range": tuple(cfg["rating_range"])}), arrays["catalogue"])
+        model.release = BiasRelease(meta["mu"], arrays["item_bias"], arrays["counts"], arrays["sums"])
+        model.factors, model.coef, model.user_ids = arrays["factors"], arrays["coef"], arrays["user_ids"]
+        model.chose_factors, model.choice_sum = meta["chose_factors"], meta["choice_sum"]
+        model.ledger = PrivacyLedger.from_dict(meta["ledger"]) if meta["ledger"] else None
+        return model
 
     def serving(self) -> str:
         """Which model answers (what /privacy shows)."""

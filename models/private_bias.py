@@ -119,17 +119,36 @@ def release_biases(enc: Encoded, keep: np.ndarray, rating_range: tuple[float, fl
                    damping: float = 5.0, prior_var: float = 0.25) -> BiasRelease:
     """Noisy releases over the kept ratings, in units of clipped centred rating / half-range:
     the global (sum, count) with ``noise_mean``, and per item (sum, count) with ``noise_items``
-    (of std ``std_items``); then mu and the item biases. ``rng()`` gives each release a fresh
-    generator. An item's bias is shrunk as a posterior mean under a N(0, prior_var) prior: its
-    noisy sum has variance n (rating noise ~1) plus the DP noise, so rare items go to 0 instead
-    of to their noise."""
+    (of std ``std_items``); then mu and the item biases (``bias_estimates``). ``rng()`` gives
+    each release a fresh generator."""
+    stats = noisy_bias_statistics(enc, keep, rating_range, noise_mean, noise_items, rng)
+    return bias_estimates(*stats, rating_range, std_items, damping, prior_var)
+
+
+def noisy_bias_statistics(enc: Encoded, keep: np.ndarray, rating_range: tuple[float, float],
+                          noise_mean: Noise, noise_items: Noise, rng) -> tuple:
+    """The released statistics: (global noisy sum, global noisy count, per-item noisy sums,
+    per-item noisy counts) of the kept ratings, clipped and centred, in half-range units. Noisy
+    statistics of disjoint parts of a stream add up (``models.private_fallback``)."""
     lo, hi = rating_range
     mid, half = (lo + hi) / 2, (hi - lo) / 2
     x = np.clip(enc.ratings[keep] - mid, -half, half) / half
     total, n = np.array([x.sum(), keep.sum()]) + noise_mean((2,), rng())
-    offset = float(np.clip(half * total / max(n, 1.0), -half, half))
     sums = np.bincount(enc.items[keep], x, enc.n_items) + noise_items(enc.n_items, rng())
     counts = np.bincount(enc.items[keep], minlength=enc.n_items) + noise_items(enc.n_items, rng())
+    return float(total), float(n), sums, counts
+
+
+def bias_estimates(total: float, n: float, sums: np.ndarray, counts: np.ndarray,
+                   rating_range: tuple[float, float], std_items: float, damping: float = 5.0,
+                   prior_var: float = 0.25) -> BiasRelease:
+    """mu and the item biases from the noisy statistics (post-processing). An item's bias is
+    shrunk as a posterior mean under a N(0, prior_var) prior: its noisy sum has variance n
+    (rating noise ~1) plus the DP noise (std ``std_items``), so rare items go to 0 instead of to
+    their noise."""
+    lo, hi = rating_range
+    mid, half = (lo + hi) / 2, (hi - lo) / 2
+    offset = float(np.clip(half * total / max(n, 1.0), -half, half))
     pos = np.maximum(counts, 1.0)
     shrink = pos + damping + (half * std_items) ** 2 / pos / prior_var
     bias = np.clip((half * sums - offset * np.maximum(counts, 0.0)) / shrink, -2 * half, 2 * half)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import inspect
 
 from sketchrec.models.dense_mf import DenseMF
+from sketchrec.models.private_fallback import DPSGDFallback
 from sketchrec.models.sketch_mf import SketchMF
 
-MODELS: dict[str, type] = {"SketchMF": SketchMF, "DenseMF": DenseMF}
+MODELS: dict[str, type] = {"SketchMF": SketchMF, "DenseMF": DenseMF, "DPSGDFallback": DPSGDFallback}
 
 # the tuned hyper-parameters (the others, e.g. seed or capacity, are per run)
 _TUNED = ("dim", "depth", "space_gain", "lr", "reg", "bias_reg", "init_std")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from sketchrec.privacy.accounting import calibrate_noise
+from sketchrec.privacy.joint_dp import FALLBACK_SHARE
 
 
 def sgld_noise_multiplier(depth: int, temperature: float, lr: float, clip: float) -> float:
@@ -22,8 +23,11 @@ def sgld_noise_multiplier(depth: int, temperature: float, lr: float, clip: float
     return float(math.sqrt(depth * temperature / lr)) / clip
 
 
-def stream_noise_multiplier(epsilon: float, delta: float, sensitivity_factor: int = 1) -> float:
+def stream_noise_multiplier(epsilon: float, delta: float, sensitivity_factor: int = 1,
+                            fallback_share: float = FALLBACK_SHARE) -> float:
     """The noise multiplier of one pass over a stream in fixed chunks costing (epsilon, delta):
     replace-one neighbours, so the sensitivity is 2C per unit, and a unit of ``sensitivity_factor``
-    ratings (1, or the user cap m) scales it: sigma = 2 m calibrate_noise(epsilon, delta)."""
-    return 2 * sensitivity_factor * calibrate_noise(epsilon, delta)
+    ratings (1, or the user cap m) scales it; DP-SGD gets 1 - ``fallback_share`` of the pass's
+    1/z^2 (the private fallback the rest, ``models.dp_sgd``):
+    sigma = 2 m calibrate_noise(epsilon, delta) / sqrt(1 - fallback_share)."""
+    return 2 * sensitivity_factor * calibrate_noise(epsilon, delta) / math.sqrt(1 - fallback_share)

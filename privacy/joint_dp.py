@@ -55,11 +55,17 @@ def sensitivity(stage: str, unit: str, cap: int) -> float:
       fixed per rating) swaps at most one item: sqrt(6 (cap + 1)).
     - ``choice``: the sum of per-user clipped error differences in [-CHOICE_CLIP, CHOICE_CLIP]:
       CHOICE_CLIP (user), 2 CHOICE_CLIP (rating: the user's term moves across its range).
+    - ``choice_ratings``: the sum of per-rating clipped error differences (a stream, where users
+      span windows): CHOICE_CLIP (rating), cap CHOICE_CLIP (user: at most cap terms).
+
+    Replace-one neighbours (a stream pass, ``models.private_fallback``): twice these (triangle
+    inequality: a removal then an addition), the ``factor`` of ``stage_noise``.
     """
     table = {("mean", "user"): math.sqrt(2) * cap, ("mean", "rating"): math.sqrt(2.0),
              ("biases", "user"): math.sqrt(2 * cap), ("biases", "rating"): math.sqrt(2.0),
              ("factors", "user"): math.sqrt(2 * cap), ("factors", "rating"): math.sqrt(6 * (cap + 1)),
-             ("choice", "user"): CHOICE_CLIP, ("choice", "rating"): 2 * CHOICE_CLIP}
+             ("choice", "user"): CHOICE_CLIP, ("choice", "rating"): 2 * CHOICE_CLIP,
+             ("choice_ratings", "user"): CHOICE_CLIP * cap, ("choice_ratings", "rating"): CHOICE_CLIP}
     return table[(stage, unit)]
 
 
@@ -136,12 +142,13 @@ def _calibrated(cls, *args) -> Budget:  # the same plan is calibrated once per p
     return cls._calibrate(*args)
 
 
-def _calibrate_after(fixed: list, epsilon: float, delta: float, count: int) -> float:
-    """The smallest Gaussian multiplier (to 0.1 %) whose ``count`` releases after ``fixed`` keep
-    the PLD epsilon within the target (geometric bisection; dp-accounting's own calibration
-    wanders into tiny multipliers whose PLD is very slow to build)."""
+def _calibrate_after(fixed: list, epsilon: float, delta: float, count: int,
+                     sampling_rate: float = 1.0, accountant: str = "pld") -> float:
+    """The smallest Gaussian multiplier (to 0.1 %) whose ``count`` releases (Poisson-sampled at
+    ``sampling_rate``) after ``fixed`` keep the epsilon within the target (geometric bisection;
+    dp-accounting's own calibration wanders into tiny multipliers whose PLD is very slow to build)."""
     def cost(z):
-        return epsilon_of(fixed + [GaussianSteps(z, count=count)], delta, "pld")
+        return epsilon_of(fixed + [GaussianSteps(z, sampling_rate, count)], delta, accountant)
     lo, hi = 0.25, 1.0
     while cost(hi) > epsilon:
         lo, hi = hi, hi * 4
@@ -157,14 +164,17 @@ def l1_sensitivity(stage: str) -> float:
     return 2 * CHOICE_CLIP if stage == "choice" else 2.0
 
 
-def stage_noise(budget: Budget | None, stage: str, unit: str, cap: int):
-    """(noise function of a shape and a generator, its std) for one release; none without budget."""
+def stage_noise(budget: Budget | None, stage: str, unit: str, cap: int, factor: float = 1.0,
+                terms: str | None = None):
+    """(noise function of a shape and a generator, its std) for one release; none without budget.
+    ``factor`` scales the sensitivity (2: replace-one neighbours); ``terms`` names the sensitivity
+    when it differs from the stage's (the stream's per-rating choice, "choice_ratings")."""
     if budget is None:
         return (lambda shape, rng: np.zeros(shape)), 0.0
     if budget.mechanism(stage) == "laplace":
-        scale = getattr(budget, stage) * l1_sensitivity(stage)
+        scale = getattr(budget, stage) * l1_sensitivity(stage) * factor
         return (lambda shape, rng: rng.laplace(0.0, scale, shape)), math.sqrt(2) * scale
-    std = getattr(budget, stage) * sensitivity(stage, unit, cap)
+    std = getattr(budget, stage) * sensitivity(terms or stage, unit, cap) * factor
     return (lambda shape, rng: gaussian(shape, std, rng)), std
 
 
@@ -187,7 +197,49 @@ def noisy_choice(differences: np.ndarray, noise, std: float,
     the sum is below -CHOICE_MARGIN noise std — clear evidence that the baseline is better (a
     noise-driven fallback costs far more than a small loss would). Returns (keep, noisy sum)."""
     total = float(np.clip(differences, -CHOICE_CLIP, CHOICE_CLIP).sum() + noise((), rng))
-    return total >= -CHOICE_MARGIN * std, total
+    return keeps_factors(total, std), total
+
+
+def keeps_factors(noisy_sum: float, std: float, margin: float = CHOICE_MARGIN) -> bool:
+    """The one-sided test on a released noisy sum of (baseline minus model) error differences of
+    noise std ``std``: keep the factor model unless the sum is below -margin std (a stream, which
+    decides again at every window, uses margin 0: the model with the lower noisy error)."""
+    return noisy_sum >= -margin * std
+
+
+# The DP-SGD modes' fallback (``models.private_fallback``): public shares of the one Gaussian worth
+# the whole budget (of 1/z^2) for the baseline's mean and item biases and the choice; DP-SGD gets
+# the rest. Chosen before looking at any data: the baseline needs enough to beat a bad factor
+# model, DP-SGD loses 1 - sqrt(1 - FALLBACK_SHARE) ~ 9 % of its noise-to-signal.
+FALLBACK_SHARES = {"mean": 0.02, "biases": 0.13, "choice": 0.03}
+FALLBACK_SHARE = sum(FALLBACK_SHARES.values())
+
+
+def fallback_budget(z_total: float) -> Budget:
+    """The Gaussian multipliers of the fallback's releases (mean, item biases, choice) when the
+    whole budget is worth one Gaussian of multiplier ``z_total``: z_total / sqrt(share) each.
+
+    >>> b = fallback_budget(2.0)
+    >>> round(b.biases, 4), b.factors, b.iterations
+    (5.547, inf, 0)
+    """
+    def mult(stage):
+        return z_total / math.sqrt(FALLBACK_SHARES[stage]) if z_total > 0 else math.inf
+    return Budget(mult("mean"), mult("biases"), math.inf, mult("choice"), 0)
+
+
+def fallback_steps(budget: Budget) -> list:
+    """The fallback's releases as ledger entries (add/remove; for calibrating what is left)."""
+    return [GaussianSteps(getattr(budget, k)) for k in ("mean", "biases", "choice")
+            if math.isfinite(getattr(budget, k))]
+
+
+def calibrate_epochs(epsilon: float, delta: float, sampling_rate: float, steps: int,
+                     fixed: list) -> float:
+    """The DP-SGD epoch plan's multiplier: ``steps`` Poisson-sampled Gaussian steps that, composed
+    with the ``fixed`` releases (the fallback's), cost ``epsilon`` at ``delta`` (RDP, as the
+    DP-SGD ledger)."""
+    return _calibrate_after(fixed, epsilon, delta, steps, sampling_rate, "rdp")
 
 
 FALLBACK = "private baseline (the factor model would lose: fallback chosen by a DP comparison)"

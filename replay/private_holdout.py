@@ -43,7 +43,8 @@ def _rmse(model, test: Ratings) -> float:
 def train_user_private(train: Ratings, test: Ratings, epsilon: float, delta: float = 1e-5,
                        unit: str = "user", catalogue: np.ndarray | None = None,
                        rating_range: tuple[float, float] = (1.0, 5.0),
-                       config: JointDPConfig | None = None, catalogue_source: str = "") -> dict:
+                       config: JointDPConfig | None = None, catalogue_source: str = "",
+                       ledger=None) -> dict:
     """Fit the joint-DP model and the private baseline (same budget, unit and catalogue) on
     ``train``; their test RMSE and the /privacy figures. ``epsilon`` = inf: no noise (reference).
 
@@ -57,7 +58,10 @@ def train_user_private(train: Ratings, test: Ratings, epsilon: float, delta: flo
                   rating_range=tuple(rating_range))
     items = np.unique(np.concatenate([train.items, test.items])) if catalogue is None else catalogue
     t0 = time.perf_counter()
-    model = PrivateALS(cfg, items).fit(train.users, train.items, train.ratings)
+    model = PrivateALS(cfg, items)
+    if ledger is not None and model.ledger is not None:  # a stored ledger: this fit is charged on top
+        model.ledger = ledger
+    model.fit(train.users, train.items, train.ratings)
     seconds = time.perf_counter() - t0
     baseline = PrivateBaseline(cfg, items).fit(train.users, train.items, train.ratings)
     figures = model.figures()
@@ -72,7 +76,7 @@ def train_user_private(train: Ratings, test: Ratings, epsilon: float, delta: flo
 
 def joint_holdout_report(path: str | Path | None, data: Ratings, fraction: float, seed: int,
                          epsilon: float, delta: float, unit: str, rating_range: tuple[float, float],
-                         cap: int | None = None, rank: int = 0) -> dict:
+                         cap: int | None = None, rank: int = 0, ledger=None) -> dict:
     """What `replay PATH --holdout F --seed S --dp-epsilon E --dp-unit U` reports in the joint-DP
     mode: the same split as ``replay.protocols.holdout`` (``split_holdout(data, F, S)``), the
     public catalogue beside PATH, ``JointDPConfig`` defaults unless ``cap`` / ``rank`` are given.
@@ -81,7 +85,8 @@ def joint_holdout_report(path: str | Path | None, data: Ratings, fraction: float
     train, test = split_holdout(data, fraction, seed)
     catalogue, source = public_catalogue(path, data)
     cfg = replace(JointDPConfig(), rank=rank, **({"cap": int(cap)} if cap else {}))
-    res = train_user_private(train, test, epsilon, delta, unit, catalogue, rating_range, cfg, source)
+    res = train_user_private(train, test, epsilon, delta, unit, catalogue, rating_range, cfg, source,
+                             ledger)
     return {"protocol": "holdout", "fraction": fraction, "rmse": res["rmse"],
             "baseline_rmse": res["baseline_rmse"], "train_ratings": res["train_ratings"],
             "test_ratings": res["test_ratings"], "seconds": res["seconds"],

@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Callable, Iterable
 
 import numpy as np
 
 from sketchrec.models.metrics import ErrorStats
+from sketchrec.models.private_fallback import fallback_of, plan_private_epochs
 from sketchrec.models.wrapped import Wrapped
 from sketchrec.privacy.audit import real_rows
 from sketchrec.privacy.entropy import sampling_generator
@@ -127,10 +127,13 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
     q = min(1.0, dp.batch_size / max(len(train), 1))
     per_epoch = max(1, int(round(1.0 / q)))
     planned = epochs * per_epoch
+    fallback = fallback_of(model)   # the private baseline and the DP choice, same ledger
+    dp, fixed = plan_private_epochs(fallback, dp, target_epsilon, ledger.delta if ledger else 1e-5,
+                                    q, planned, budget)
     if target_epsilon is not None:
-        from sketchrec.privacy.accounting import calibrate_noise
-        z = calibrate_noise(target_epsilon, ledger.delta if ledger else 1e-5, q, planned)
-        dp = model.dp = replace(dp, noise_multiplier=z * dp.sensitivity_factor)
+        model.dp = dp
+    for entry in fixed if ledger is not None else ():
+        ledger.record(entry.noise_multiplier)
     z = dp.epoch_multiplier()
     allowed = planned
     if ledger is not None and budget is not None and z > 0:
@@ -149,7 +152,9 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
         if after_epoch and (step + 1) % per_epoch == 0:
             after_epoch(step // per_epoch, learned)
     return {"ratings": learned, "steps": allowed, "planned_steps": planned, "sampling_rate": q,
-            "train_kept": len(train), "stopped_by_budget": allowed < planned}
+            "train_kept": len(train), "stopped_by_budget": allowed < planned,
+            **({"fallback": fallback.fit_fallback(train.users, train.items, train.ratings)}
+               if fallback is not None else {})}
 
 
 def rmse_on(model, data: Ratings) -> float:
@@ -217,4 +222,6 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             "kld": _kld(train_err, test_err),
             "seconds": seconds, "throughput_per_s": learned / max(seconds, 1e-9),
             **({"dp_training": dp_training} if dp_training else {}),
+            **(fallback_of(model).test_rmse(test.users, test.items, test.ratings)
+               if fallback_of(model) is not None else {}),
             **({"interrupted": True} if interrupted else {})}

@@ -126,3 +126,24 @@ def test_replay_serves_the_joint_model_until_interrupted():
         if proc.poll() is None:
             proc.kill()
     assert "per-user access control on" in proc.stderr.read()
+
+
+def test_a_checkpoint_serves_the_same_release_and_a_new_fit_extends_its_ledger(tmp_path):
+    from sketchrec.replay.private_holdout import train_user_private
+    from sketchrec.stream.checkpoint import CheckpointStore, continue_ledger
+    from sketchrec.stream.serving.joint import open_checkpoint
+    data = SyntheticStream(3000, n_users=60, n_items=40, seed=4).all()
+    train, test = data.take(slice(0, 2400)), data.take(slice(2400, None))
+    first = train_user_private(train, test, 2.0, config=JointDPConfig(rank=2, iterations=2))["model"]
+    service = JointService(JointRecommender(first, train), CheckpointStore(tmp_path))
+    service.checkpoint()
+    back = open_checkpoint(tmp_path)       # what `sketchrec serve --checkpoint DIR` opens
+    assert isinstance(back, JointService) and back.privacy()["epsilon"] == pytest.approx(2.0, abs=2e-3)
+    np.testing.assert_array_equal(back.recommender.predict_many(test.users, test.items),
+                                  first.predict_many(test.users, test.items))
+    user = str(train.users[0])
+    assert back.recommender.recommend(user, 5) == service.recommender.recommend(user, 5)
+    stored = continue_ledger(tmp_path, "user", 1e-5)     # a second fit into the same directory
+    again = train_user_private(train, test, 2.0, config=JointDPConfig(rank=2, iterations=2),
+                               ledger=stored)["model"]
+    assert again.ledger is stored and again.figures()["epsilon"] > 2.5   # charged on top, never reset

@@ -139,7 +139,7 @@ def test_dp_calibration_matches_the_accountant():
     from sketchrec.privacy.accounting import calibrate_noise
     from sketchrec.privacy.calibration import sgld_noise_multiplier, stream_noise_multiplier
     assert sgld_noise_multiplier(4, 0.0004, 0.01, 2.0) == pytest.approx(0.2)
-    assert stream_noise_multiplier(1.0, 1e-5, 3) == 6 * calibrate_noise(1.0, 1e-5)
+    assert stream_noise_multiplier(1.0, 1e-5, 3, fallback_share=0.0) == 6 * calibrate_noise(1.0, 1e-5)
 
 
 def test_missing_data_is_a_one_line_error_naming_the_path_and_the_variable(tmp_path, monkeypatch, capsys):

@@ -219,5 +219,5 @@ def test_replay_reaches_the_joint_mode_by_the_user_unit_and_refuses_what_it_cann
     assert replay_main([*synth, "--dp-unit", "user", "--dp-epsilon", "8", "--dp-model", "sgd",
                         "--dp-user-cap", "20"]) == 0   # DP-SGD stays reachable
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["model"] == "sketch"
-    with pytest.raises(SystemExit, match="joint-DP mode .* does not take --checkpoint"):
-        replay_main([*synth, "--dp-model", "joint", "--dp-epsilon", "1", "--checkpoint", "/tmp/x"])
+    with pytest.raises(SystemExit, match="joint-DP mode .* does not take --audit-canaries"):
+        replay_main([*synth, "--dp-model", "joint", "--dp-epsilon", "1", "--audit-canaries", "10"])

@@ -104,8 +104,8 @@ def stream_audit(debug_seed: int | None) -> tuple[float, float, dict]:
     """One pass over a stream in 10 fixed steps; canary i may join step i % 10 (public)."""
     steps = 10
     sigma = 2 * calibrate_noise(1.0, 1e-5)  # replace-one pass: multiplier sigma / 2
-    model = SketchMF(**SHAPE, dp=DPConfig(noise_multiplier=sigma, batch_size=1000,
-                                          debug_noise_seed=debug_seed))
+    model = SketchMF(**SHAPE, dp=DPConfig(noise_multiplier=sigma, batch_size=1000,  # DP-SGD alone:
+                                          debug_noise_seed=debug_seed, fallback_share=0.0))  # no fallback
     ledger = PrivacyLedger("rating", 1e-5)
     assert ledger.begin_pass(model.dp.stream_multiplier())
     canaries = Canaries.make(M, seed=5)

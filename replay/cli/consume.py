@@ -98,7 +98,9 @@ def open_service(config: ConsumeConfig):
     from sketchrec.stream.kafka.consumer import resume_or_create
     settings = config.model
     dp = config.dp.config(stream=True, depth=settings.depth, lr=settings.lr) if config.dp.enabled else None
-    return resume_or_create(config.serving.checkpoint, lambda: settings.build(config.capacity, dp, PROG),
+    from sketchrec.models.private_fallback import with_fallback  # DP: never worse than the baseline
+    return resume_or_create(config.serving.checkpoint,
+                            lambda: with_fallback(settings.build(config.capacity, dp, PROG), config.capacity),
                             pair_capacity=config.expected_ratings, seed=settings.seed,
                             monitor=config.monitor.build(settings.seed), debias_ldp=config.ldp_debias)
 

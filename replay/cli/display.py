@@ -101,6 +101,9 @@ def summary(result: dict) -> str:
                  + " (eq. 4.15, heuristic)"
                  + (f"; canary audit epsilon >= {priv['audit_epsilon_lower_bound']:.2f} (95%)"
                     if "audit" in priv else ""))
+    if priv.get("serving"):  # a private mode with a fallback: which model answers
+        lines.append(f"  answers from      {priv['serving']}"
+                     + (f" (DP-SGD alone {result['dp_sgd_rmse']:.4f})" if "dp_sgd_rmse" in result else ""))
     if result.get("rating_range"):
         lo, hi = result["rating_range"]
         lines.append(f"  rating range      [{lo:g}, {hi:g}] ({result['rating_range_source']})")

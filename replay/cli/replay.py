@@ -181,6 +181,8 @@ def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     # real model is built after it (its constructor seeds the kernels' random generator)
     settings.warm(dp, None if config.quiet else say)
     model = settings.build(source.capacity, dp, prog)
+    from sketchrec.models.private_fallback import with_fallback
+    model = with_fallback(model, source.capacity)   # DP: never worse than the private baseline
     if ledger is not None and stream and not ledger.begin_pass(dp.stream_multiplier(), config.dp.budget):
         raise SystemExit(f"replay: one pass at noise multiplier {dp.noise_multiplier:.4g} would "
                          f"spend more than --budget-epsilon {config.dp.budget}")
@@ -314,6 +316,8 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
     if run.dp is not None:
         result["privacy"]["dp"] = {**model.dp.to_dict(), "budget_epsilon": config.dp.budget,
                                    **result.pop("dp_training", {})}
+        result["privacy"].update(model.fallback_figures())
+        result = {**model.component_rmse(), **result}   # holdout: its test figures win
     result["kld"] = holdout_kld if holdout_kld is not None else result["privacy"].get("kld")
     if run.service is not None and run.service.checkpoints is not None:
         result["checkpoint"] = run.service.checkpoint()

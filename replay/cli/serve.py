@@ -51,7 +51,7 @@ def serve_until_interrupted(server) -> None:
 
 
 def serve_main(argv: list[str] | None = None) -> int:
-    from sketchrec.stream.serving.service import LearningService
+    from sketchrec.stream.serving.joint import open_checkpoint
     ap = argparse.ArgumentParser(prog="sketchrec serve", description="Serve the newest checkpoint "
                                  "read-only, reloading when a newer one is written.")
     ap.add_argument("--checkpoint", metavar="DIR", type=Path, required=True)
@@ -64,7 +64,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
                               ACCESS[args.access_control])
     try:
-        service = LearningService.from_checkpoint(args.checkpoint)
+        service = open_checkpoint(args.checkpoint)   # a joint-DP model's or a learning model's
     except (FileNotFoundError, ValueError) as exc:  # none, none verifies, or a ledger refused
         print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

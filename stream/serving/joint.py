@@ -14,6 +14,11 @@ therefore always on for this model (``privacy.release.access_control_default`` s
 - /stats: no exact count (the number of training ratings is not released).
 - /pause, /resume, /checkpoint: 409 (the service is read-only: nothing learns).
 
+Checkpoints (`replay --dp-model joint --checkpoint DIR`, `sketchrec serve --checkpoint DIR`): the
+fitted model (release, each user's own solution: operator state) and its ledger; a run into a
+directory that holds a ledger extends it (``stream.checkpoint.continue_ledger``): a new fit on the
+same data is charged on top, a crash or restart never resets the budget.
+
 >>> import numpy as np
 >>> from sketchrec.data import SyntheticStream
 >>> from sketchrec.models.private_als import JointDPConfig, PrivateALS
@@ -32,6 +37,8 @@ True
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 import time
 
@@ -40,7 +47,8 @@ import numpy as np
 from sketchrec.data import Ratings
 from sketchrec.models.private_als import PrivateALS
 from sketchrec.models.private_bias import item_index
-from sketchrec.stream.serving.service import LearningService
+from sketchrec.stream.checkpoint import Checkpoint, CheckpointStore
+from sketchrec.stream.serving.service import LearningService, NoCheckpoint
 
 ACCESS_NOTE = ("on, always: joint DP — /predict and /recommend about user U answer only U's token "
                "or the backend (admin) token")
@@ -80,15 +88,18 @@ class JointRecommender:
     U's recommendations). Read-only: it has the attributes the service and the app read
     (``model``, ``monitor``, ``debias``, ``learning``, ``catalogue``, ...) and never learns."""
 
-    def __init__(self, model: PrivateALS, train: Ratings, catalogue_source: str = ""):
+    def __init__(self, model: PrivateALS, train: Ratings | None, catalogue_source: str = "",
+                 rated: tuple[np.ndarray, np.ndarray] | None = None):
         self.model, self.catalogue_source = model, catalogue_source
-        rows = model.user_rows(np.asarray(train.users))
-        pos = item_index(model.catalogue, np.asarray(train.items))
-        keep = (rows >= 0) & (pos >= 0)
-        order = np.argsort(rows[keep], kind="stable")
-        self._rated = pos[keep][order]      # each user's rated positions, users in row order
-        self._starts = np.searchsorted(rows[keep][order], np.arange(len(model.user_ids) + 1))
-        self.n_train = int(keep.sum())      # operator state: never on a public route
+        if rated is None:
+            rows = model.user_rows(np.asarray(train.users))
+            pos = item_index(model.catalogue, np.asarray(train.items))
+            keep = (rows >= 0) & (pos >= 0)
+            order = np.argsort(rows[keep], kind="stable")
+            rated = (pos[keep][order],      # each user's rated positions, users in row order
+                     np.searchsorted(rows[keep][order], np.arange(len(model.user_ids) + 1)))
+        self._rated, self._starts = rated
+        self.n_train = int(self._starts[-1])  # operator state: never on a public route
         self.catalogue = _Catalogue(len(model.catalogue))
         self.monitor = self.debias = None
         self.learning = threading.Event()   # never paused: nothing learns
@@ -129,11 +140,50 @@ class JointRecommender:
             "joint-dp" if row >= 0 else "release"
 
 
-class JointService(LearningService):
-    """The read-only service over a ``JointRecommender``: /privacy shows the model's figures."""
+    def state_parts(self) -> dict[str, bytes]:
+        """What a checkpoint holds: the fitted model with its ledger, each user's training items."""
+        buf = io.BytesIO()
+        np.savez(buf, rated=self._rated, starts=self._starts)
+        return {"joint": self.model.to_bytes(), "rated": buf.getvalue(),
+                "serving": json.dumps({"catalogue_source": self.catalogue_source}).encode()}
 
-    def __init__(self, recommender: JointRecommender):
-        super().__init__(recommender, None, read_only=True)
+    @classmethod
+    def from_parts(cls, parts: dict[str, bytes]) -> "JointRecommender":
+        with np.load(io.BytesIO(parts["rated"])) as rated:
+            pair = (rated["rated"], rated["starts"])
+        source = json.loads(parts["serving"])["catalogue_source"]
+        return cls(PrivateALS.from_bytes(parts["joint"]), None, source, pair)
+
+
+class JointService(LearningService):
+    """The read-only service over a ``JointRecommender``: /privacy shows the model's figures.
+    With a ``CheckpointStore`` it writes the fitted model and its ledger (``checkpoint``) and comes
+    back from them (``from_checkpoint``): a restart serves the same release, never a new one."""
+
+    def __init__(self, recommender: JointRecommender, checkpoints: CheckpointStore | None = None,
+                 restored: Checkpoint | None = None):
+        super().__init__(recommender, checkpoints, read_only=True, model_cls=PrivateALS,
+                         ledger=None if restored else recommender.model.ledger, restored=restored)
+        recommender.model.ledger = self.ledger   # one ledger: the checkpoint's when restored
+
+    @classmethod
+    def from_checkpoint(cls, directory, model_classes=None, **_) -> "JointService":
+        """The service over the newest valid checkpoint in ``directory`` (NoCheckpoint: none)."""
+        store = CheckpointStore(directory)
+        ckpt = store.latest()
+        if ckpt is None:
+            raise NoCheckpoint(f"no valid checkpoint in {directory}")
+        return cls(JointRecommender.from_parts(ckpt.parts), store, restored=ckpt)
+
+    def reload_if_newer(self) -> bool:
+        """Swap in a newer checkpoint's model (`sketchrec serve` polls this)."""
+        ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
+        if ckpt is None or ckpt.seq <= (self.last_checkpoint or {}).get("seq", 0):
+            return False
+        self.recommender = JointRecommender.from_parts(ckpt.parts)
+        self._adopt(ckpt)
+        self.recommender.model.ledger = self.ledger
+        return True
 
     @property
     def ratings_learned(self) -> int:
@@ -145,7 +195,7 @@ class JointService(LearningService):
         return {"ratings_learned": self.ratings_learned, "skipped": dict(self.skipped),
                 "model_bytes": rec.nbytes, "serving_bytes": rec.nbytes,
                 "catalogue_items": len(rec.catalogue), "uptime_s": time.time() - self.started,
-                "paused": False, "read_only": True, "checkpoint": None, "checkpoint_age_s": None,
+                "paused": False, "read_only": True, "checkpoint": self.last_checkpoint, "checkpoint_age_s": None,
                 "broker": self.health.broker(), "ready": self.health.ready, "offsets": {}}
 
     def warm_up(self) -> None:
@@ -156,3 +206,12 @@ class JointService(LearningService):
         if self.recommender.catalogue_source:
             figures["catalogue"] = self.recommender.catalogue_source
         return figures
+
+
+def open_checkpoint(directory) -> LearningService:
+    """The read-only service over the newest checkpoint in ``directory``: a joint-DP model's
+    (``JointService``) or a learning model's (``LearningService.from_checkpoint``)."""
+    ckpt = CheckpointStore(directory).latest()
+    if ckpt is not None and ckpt.meta.get("model_class") == PrivateALS.__name__:
+        return JointService.from_checkpoint(directory)
+    return LearningService.from_checkpoint(directory)

@@ -117,6 +117,9 @@ class LearningService:
         figures = privacy_figures(self.recommender.model, self.recommender.monitor, self.audit,
                                   self.ledger)
         figures["budget_exhausted"] = self.budget_stopped
+        fallback = getattr(self.recommender.model, "fallback_figures", None)
+        if fallback is not None:  # which model answers (factors or the private baseline) and why
+            figures.update(fallback())
         figures["epsilon_budget"] = self.budget
         mech = self.origin.get("mechanism")
         if mech and not self.origin["raw"] and figures["mode"] == "non-private":
