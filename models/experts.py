@@ -1,0 +1,147 @@
+"""An online combination of learners over one stream, weighted by their recent prequential error:
+exponentially weighted experts (Hedge) with forgetting, so the served prediction stays near the best
+member's on every stream and moves to another member after a change-point.
+
+Every member learns every rating (their own prediction made before it, as always). The combined
+prediction of rating n is sum_j w_j p_j with w_j proportional to exp(-eta L_j), L_j member j's
+squared errors on the ratings before n, discounted by ``forget`` per rating (about 1 / (1 - forget)
+recent ratings count): a member that gets worse loses its weight within that window. Squared loss
+on a bounded range is exp-concave, so the combination's loss stays within O(log m / eta) of the
+best member's over any window of that length (Cesa-Bianchi and Lugosi, "Prediction, Learning, and
+Games", ch. 3), and the average of several members is often below all of them.
+
+Memory: the members' own, side by side; ``capacity`` and ``space_gain`` are handed to every
+member that takes them, so each sketch is sized as it would be alone and the total is their sum
+(``nbytes``: about 2.2x one factor model with the defaults, see README "Defaults"). The privacy
+modes (DP-SGD, SGLD, loss clipping) use one learner (``SketchMF``), never a combination.
+
+>>> m = Experts(capacity=40)
+>>> [spec["model"] for spec in m.members]
+['BiasBaseline', 'SketchMF', 'SketchMF']
+>>> _ = m.learn_many(["ann", "bob"] * 10, ["film", "book"] * 10, [5.0, 2.0] * 10)
+>>> round(float(m.weights.sum()), 6), Experts.from_bytes(m.to_bytes()).predict_one("ann", "film") == m.predict_one("ann", "film")
+(1.0, True)
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+from numba import njit
+
+from sketchrec.models._sgd import LEARNED, clip_to_range, record_rating
+from sketchrec.models.base import USER, FactorizationModel
+from sketchrec.models.bias_baseline import BiasBaseline
+from sketchrec.models.sketch_mf import SketchMF
+from sketchrec.sketches.hashing import as_keys
+
+MEMBER_CLASSES = {"BiasBaseline": BiasBaseline, "SketchMF": SketchMF}
+
+# the default members (measured on ML-100k, ml-latest-small and the change-point stream, see
+# README "Defaults"): the forgetting bias baseline, and AdaGrad factor models with a large and a
+# small step size
+DEFAULT_MEMBERS = (
+    {"model": "BiasBaseline"},
+    {"model": "SketchMF", "optimizer": "adagrad", "lr": 0.2, "reg": 0.02},
+    {"model": "SketchMF", "optimizer": "adagrad", "lr": 0.08, "reg": 0.05},
+)
+
+
+@njit(nogil=True, cache=True)
+def hedge(preds, ratings, losses, eta, forget, stats, counters, out):
+    """Combine the members' predictions (m x n) in order, updating their discounted losses."""
+    m = preds.shape[0]
+    w = np.empty(m)
+    for n in range(preds.shape[1]):
+        best = losses.min()
+        total = 0.0
+        for j in range(m):
+            w[j] = np.exp(-eta * (losses[j] - best))
+            total += w[j]
+        acc = 0.0
+        for j in range(m):
+            acc += w[j] * preds[j, n]
+        out[n] = clip_to_range(acc / total, stats)
+        for j in range(m):
+            e = preds[j, n] - ratings[n]
+            losses[j] = forget * losses[j] + e * e
+        record_rating(stats, ratings[n])
+        counters[LEARNED] += 1
+
+
+class Experts(FactorizationModel):
+    """Members (``members``: specs ``{"model": class name, **constructor arguments}``, default
+    ``DEFAULT_MEMBERS``) combined by Hedge (``eta``: the weights' sharpness per unit of discounted
+    squared error; ``forget``: the per-rating discount). ``weights`` are the current ones."""
+
+    def __init__(self, members: list[dict] | None = None, capacity: int | None = None,
+                 space_gain: float = 1.0, eta: float = 0.1, forget: float = 0.998, seed: int = 0):
+        specs = [dict(s) for s in (members or DEFAULT_MEMBERS)]
+        self.members_ = [self._build(spec, capacity, space_gain, seed) for spec in specs]
+        super().__init__(dim=sum(m.dim for m in self.members_), seed=seed)
+        if eta <= 0 or not 0.0 < forget <= 1.0:
+            raise ValueError("eta must be positive and forget in (0, 1]")
+        self.members, self.capacity, self.space_gain = specs, capacity, float(space_gain)
+        self.eta, self.forget = float(eta), float(forget)
+        self.losses = np.zeros(len(specs))
+        self.dp = None  # the privacy modes use one learner
+
+    @staticmethod
+    def _build(spec: dict, capacity, space_gain, seed):
+        cls = MEMBER_CLASSES[spec["model"]]
+        args = {k: v for k, v in spec.items() if k != "model"}
+        accepted = inspect.signature(cls.__init__).parameters
+        for name, value in (("capacity", capacity), ("space_gain", space_gain), ("seed", seed)):
+            if name in accepted and name not in args:
+                args[name] = value
+        return cls(**args)
+
+    @property
+    def weights(self) -> np.ndarray:
+        w = np.exp(-self.eta * (self.losses - self.losses.min()))
+        return w / w.sum()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.members_) + self.losses.nbytes + self.stats.nbytes
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        return {"losses": self.losses, **{f"member_{j}": np.frombuffer(m.to_bytes(), dtype=np.uint8)
+                                          for j, m in enumerate(self.members_)}}
+
+    def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.losses = arrays["losses"]
+        self.members_ = [type(m).from_bytes(arrays[f"member_{j}"].tobytes())
+                         for j, m in enumerate(self.members_)]
+
+    def hyper(self, epoch: int = 0) -> np.ndarray:
+        """The members schedule their own steps: what the combination passes on is the epoch."""
+        return np.array([float(epoch)])
+
+    def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
+        epoch = int(hp[0])
+        preds = np.stack([m.learn_many(ukeys, ikeys, ratings, epoch=epoch) for m in self.members_])
+        hedge(preds, ratings, self.losses, self.eta, self.forget, self.stats, self.counters, out)
+
+    def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
+        w = self.weights
+        out[:] = sum(wj * m.predict_many(ukeys, ikeys, clip=clip) for wj, m in zip(w, self.members_))
+        if clip:
+            lo_hi = self.rating_range
+            if lo_hi is not None:
+                np.clip(out, *lo_hi, out=out)
+
+    def score_items(self, user, items) -> np.ndarray:
+        w = self.weights
+        return sum(wj * m.score_items(user, items) for wj, m in zip(w, self.members_))
+
+    def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
+        """Members' vectors side by side (a user's scaled by the members' weights, so that the dot
+        product with an item's is the weighted sum of the members'), biases weighted."""
+        keys = as_keys(ids)
+        w = self.weights
+        parts = [m.factors(keys, family) for m in self.members_]
+        scale = w if family == USER else np.ones_like(w)
+        vectors = np.concatenate([s * v for s, (v, _) in zip(scale, parts)], axis=1)
+        return vectors, sum(wj * b for wj, (_, b) in zip(w, parts))
