@@ -49,8 +49,9 @@ DEFAULT_MEMBERS = (
 
 
 @njit(nogil=True, cache=True)
-def hedge(preds, ratings, losses, eta, forget, stats, counters, out):
-    """Combine the members' predictions (m x n) in order, updating their discounted losses."""
+def hedge(preds, ratings, losses, eta, forget, update, stats, counters, out):
+    """Combine the members' predictions (m x n) in order, updating their discounted losses
+    when ``update``."""
     m = preds.shape[0]
     w = np.empty(m)
     for n in range(preds.shape[1]):
@@ -65,7 +66,8 @@ def hedge(preds, ratings, losses, eta, forget, stats, counters, out):
         out[n] = clip_to_range(acc / total, stats)
         for j in range(m):
             e = preds[j, n] - ratings[n]
-            losses[j] = forget * losses[j] + e * e
+            if update:
+                losses[j] = forget * losses[j] + e * e
         record_rating(stats, ratings[n])
         counters[LEARNED] += 1
 
@@ -97,6 +99,14 @@ class Experts(FactorizationModel):
                 args[name] = value
         return cls(**args)
 
+    def describe(self) -> str:
+        """The members in one line, e.g. ``bias + sketch adagrad lr=0.2 reg=0.02 d=64``."""
+        def one(spec: dict, model) -> str:
+            if spec["model"] == "BiasBaseline":
+                return "bias"
+            return f"sketch {model.optimizer} lr={model.lr:g} reg={model.reg:g} d={model.dim}"
+        return " + ".join(one(s, m) for s, m in zip(self.members, self.members_))
+
     @property
     def weights(self) -> np.ndarray:
         w = np.exp(-self.eta * (self.losses - self.losses.min()))
@@ -122,7 +132,10 @@ class Experts(FactorizationModel):
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
         epoch = int(hp[0])
         preds = np.stack([m.learn_many(ukeys, ikeys, ratings, epoch=epoch) for m in self.members_])
-        hedge(preds, ratings, self.losses, self.eta, self.forget, self.stats, self.counters, out)
+        # only the first pass is prequential: from the second epoch on, a member's error on a
+        # rating it has learned rewards fitting the training set (the weights stay as they are)
+        hedge(preds, ratings, self.losses, self.eta, self.forget, epoch == 0, self.stats,
+              self.counters, out)
 
     def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
         w = self.weights
