@@ -80,7 +80,8 @@ class DPSettings:
 class ModelSettings:
     """The learner: its kind (mix, sketch, dense, river, bias) and hyper-parameters, DP defaults
     resolved. No --model: the combination ``mix`` (``models.experts``), except in the privacy
-    modes (DP-SGD, SGLD, loss clipping), which use one learner: the sketch with plain SGD."""
+    modes (DP-SGD, SGLD, loss clipping), which use one learner, the sketch with plain SGD, and
+    when --lr, --reg or --optimizer is given (they set one learner: the sketch)."""
 
     kind: str
     dim: int
@@ -107,9 +108,11 @@ class ModelSettings:
             value = getattr(args, name)
             return tuned[name] if value is None else value
 
-        kind = args.model or ("sketch" if private or args.sgld is not None
+        # --lr, --reg or --optimizer set ONE learner: given without --model they ask for one
+        one = any(v is not None for v in (args.lr, args.reg, args.optimizer))
+        kind = args.model or ("sketch" if private or one or args.sgld is not None
                               or args.clip_loss is not None else "mix")
-        if kind == "mix" and any(v is not None for v in (args.lr, args.reg, args.optimizer)):
+        if kind == "mix" and one:
             raise SystemExit("replay: --lr, --reg and --optimizer set one learner; the combination "
                              "(--model mix) tunes its members itself: give --model sketch with them")
         return cls(kind, given("dim"), given("lr"), given("reg"), args.depth, args.width,

@@ -303,8 +303,10 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
 def _params(run: Run) -> dict:
     s, model = run.config.model, run.model
     if s.kind in ("mix", "bias"):
-        return {"members": getattr(model, "describe", lambda: "damped running biases")(),
-                    "seed": s.seed, "capacity": run.source.capacity}
+        mix = s.kind == "mix"
+        return {"members": model.describe() if mix else "damped running user + item biases",
+                **({"weights": model.weights.round(4).tolist()} if mix else {}),
+                "seed": s.seed, "capacity": run.source.capacity}
     return {"dim": s.dim, "lr": s.lr, "reg": s.reg, "bias_reg": s.bias_reg, "init_std": s.init_std,
             "seed": s.seed, "capacity": run.source.capacity,
             **({"depth": s.depth, "width": model.width, "space_gain": s.space_gain,
