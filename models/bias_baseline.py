@@ -25,7 +25,8 @@ import numpy as np
 from numba import njit
 
 from sketchrec.models._adaptive import _cm_read
-from sketchrec.models._sgd import LEARNED, clip_to_range, mean_of, record_rating
+from sketchrec.models._sgd import (DIVERGED, LEARNED, SKIPPED_DIVERGED, clip_to_range, mean_of,
+                                   record_rating)
 from sketchrec.models.base import ITEM, USER, FactorizationModel
 from sketchrec.sketches.count_sketch import CountSketch, gather_mean, locate, scatter_add
 
@@ -64,6 +65,9 @@ def bias_learn(cells, counts, salts_u, salts_i, ukeys, ikeys, ratings, hp, stats
         bi = _read(cells, salts_i, ikeys[n], ai, si, scratch)
         out[n] = clip_to_range(mu + bu + bi, stats)
         r = ratings[n]
+        if not abs(r - mu - bu - bi) < DIVERGED:  # as SketchMF: never write inf/NaN into cells
+            counters[SKIPPED_DIVERGED] += 1
+            continue
         if stats[0] > 0:  # the first rating only sets mu
             _step(cells, counts, ai, si, r - mu - bu - bi, hp[1], hp[2], scratch)
             bi = _read(cells, salts_i, ikeys[n], ai, si, scratch)

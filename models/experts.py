@@ -30,7 +30,7 @@ import inspect
 import numpy as np
 from numba import njit
 
-from sketchrec.models._sgd import LEARNED, clip_to_range, record_rating
+from sketchrec.models._sgd import DIVERGED, LEARNED, clip_to_range, record_rating
 from sketchrec.models.base import USER, FactorizationModel
 from sketchrec.models.bias_baseline import BiasBaseline
 from sketchrec.models.sketch_mf import SketchMF
@@ -65,9 +65,15 @@ def hedge(preds, ratings, losses, eta, forget, update, stats, counters, out):
         for j in range(m):
             acc += w[j] * preds[j, n]
         out[n] = clip_to_range(acc / total, stats)
+        # a rating no member can be scored on (e.g. 1e308 with --rating-range none) would make
+        # every loss infinite and the weights NaN: it moves none of them
+        sane = update[n]
         for j in range(m):
             e = preds[j, n] - ratings[n]
-            if update[n]:
+            sane = sane and e * e < DIVERGED * DIVERGED
+        for j in range(m):
+            if sane:
+                e = preds[j, n] - ratings[n]
                 losses[j] = forget * losses[j] + e * e
         record_rating(stats, ratings[n])
         counters[LEARNED] += 1
@@ -122,6 +128,11 @@ class Experts(FactorizationModel):
     def weights(self) -> np.ndarray:
         w = np.exp(-self.eta * (self.losses - self.losses.min()))
         return w / w.sum()
+
+    @property
+    def n_skipped_diverged(self) -> int:
+        """Ratings some member set aside as diverging (the most of any member)."""
+        return max(m.n_skipped_diverged for m in self.members_)
 
     @property
     def nbytes(self) -> int:

@@ -306,7 +306,8 @@ def _params(run: Run) -> dict:
         mix = s.kind == "mix"
         return {"members": model.describe() if mix else "damped running user + item biases",
                 **({"weights": model.weights.round(4).tolist()} if mix else {}),
-                "seed": s.seed, "capacity": run.source.capacity}
+                "seed": s.seed, "capacity": run.source.capacity,
+                "skipped_diverged": model.n_skipped_diverged}
     return {"dim": s.dim, "lr": s.lr, "reg": s.reg, "bias_reg": s.bias_reg, "init_std": s.init_std,
             "seed": s.seed, "capacity": run.source.capacity,
             **({"depth": s.depth, "width": model.width, "space_gain": s.space_gain,
