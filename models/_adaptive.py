@@ -22,8 +22,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-SGD, ADAGRAD = 0, 1
-OPTIMIZERS = {"sgd": SGD, "adagrad": ADAGRAD}
+SGD, ADAGRAD, ADAGRAD_ID = 0, 1, 2
+OPTIMIZERS = {"sgd": SGD, "adagrad": ADAGRAD, "adagrad-id": ADAGRAD_ID}
 
 
 class Accumulators(NamedTuple):
@@ -39,7 +39,13 @@ class Accumulators(NamedTuple):
         return cls(none, none, none)
 
     @classmethod
-    def like(cls, cells: np.ndarray, bias_cells: np.ndarray, heavy_rows: int, dim: int) -> "Accumulators":
+    def like(cls, cells: np.ndarray, bias_cells: np.ndarray, heavy_rows: int, dim: int,
+             per_id: bool = False) -> "Accumulators":
+        """Per coordinate: sketches shaped like the vectors' and the biases'; ``per_id``: two
+        shaped like the biases' (one sum for an id's vector, one for its bias)."""
+        if per_id:
+            return cls(np.zeros_like(bias_cells), np.zeros_like(bias_cells),
+                       np.zeros((heavy_rows, 2), dtype=np.float32))
         return cls(np.zeros_like(cells), np.zeros_like(bias_cells),
                    np.zeros((heavy_rows, dim + 1), dtype=np.float32))
 
@@ -73,12 +79,57 @@ def adagrad_scale(acc_cells, acc_heavy, slot, offset, addr, delta, lr, acc0):
 
 
 @njit(inline="always", cache=True)
-def adopt(acc, slot, addr, baddr):
+def adagrad_id_scale(acc_cells, acc_heavy, slot, column, baddr, delta, lr, acc0):
+    """adagrad_scale with ONE sum per id and parameter group (the mean squared gradient of its
+    components): in the slot's row at ``column``, else in the count-min cells at the id's bias
+    addresses baddr. k cells per id instead of k per component: no slower than plain SGD."""
+    inv_lr = 1.0 / lr
+    g2 = 0.0
+    for l in range(delta.shape[0]):
+        g = delta[l] * inv_lr
+        g2 += g * g
+    g2 /= delta.shape[0]
+    if slot >= 0:
+        total = acc_heavy[slot, column] + g2
+        acc_heavy[slot, column] = total
+    else:
+        total = _cm_read(acc_cells, baddr, 0) + g2
+        for j in range(baddr.shape[0]):
+            if acc_cells[j, baddr[j, 0]] < total:
+                acc_cells[j, baddr[j, 0]] = total
+    scale = 1.0 / np.sqrt(acc0 + total)
+    for l in range(delta.shape[0]):
+        delta[l] *= scale
+
+
+@njit(inline="always", cache=True)
+def adopt(acc, mode, slot, addr, baddr):
     """An id has just been admitted to ``slot``: its exact accumulators start from its sketch
     estimates (addr/baddr: its vector and bias addresses)."""
     row = acc.heavy[slot]
+    if mode == ADAGRAD_ID:
+        row[0] = _cm_read(acc.cells, baddr, 0)
+        row[1] = _cm_read(acc.bias_cells, baddr, 0)
+        return
     for l in range(row.shape[0]):
         row[l] = 0.0
     for l in range(addr.shape[1]):
         row[l] = _cm_read(acc.cells, addr, l)
     row[row.shape[0] - 1] = _cm_read(acc.bias_cells, baddr, 0)
+
+
+@njit(inline="always", cache=True)
+def adagrad_steps(acc, mode, uslot, islot, au, ai, abu, abi, dp, dq, db, lr, acc0):
+    """One rating's plain SGD deltas made AdaGrad's, in place: the vectors' dp, dq and the user
+    and item biases' db[0], db[1]."""
+    d = dp.shape[0]
+    if mode == ADAGRAD_ID:
+        adagrad_id_scale(acc.cells, acc.heavy, uslot, 0, abu, dp, lr, acc0)
+        adagrad_id_scale(acc.cells, acc.heavy, islot, 0, abi, dq, lr, acc0)
+        adagrad_id_scale(acc.bias_cells, acc.heavy, uslot, 1, abu, db[:1], lr, acc0)
+        adagrad_id_scale(acc.bias_cells, acc.heavy, islot, 1, abi, db[1:], lr, acc0)
+        return
+    adagrad_scale(acc.cells, acc.heavy, uslot, 0, au, dp, lr, acc0)
+    adagrad_scale(acc.cells, acc.heavy, islot, 0, ai, dq, lr, acc0)
+    adagrad_scale(acc.bias_cells, acc.heavy, uslot, d, abu, db[:1], lr, acc0)
+    adagrad_scale(acc.bias_cells, acc.heavy, islot, d, abi, db[1:], lr, acc0)

@@ -25,7 +25,7 @@ from numba import njit
 
 from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
 from sketchrec.sketches.hashing import mix64, unit_interval
-from sketchrec.models._adaptive import ADAGRAD, adagrad_scale, adopt
+from sketchrec.models._adaptive import SGD, adagrad_steps, adopt
 from sketchrec.models.heavy_filter import find, touch
 from sketchrec.models.storage import ITEM, USER
 
@@ -230,23 +230,11 @@ def unpack(store):
             bias_salts[ITEM], init_salts[USER], init_salts[ITEM], keys, families, counts, vectors)
 
 
-@njit(inline="always", cache=True)
-def adagrad_steps(acc, uslot, islot, au, ai, abu, abi, dp, dq, db, hp):
-    """One rating's plain SGD deltas made AdaGrad's, in place: the vectors' dp, dq and the user
-    and item biases' db[0], db[1]."""
-    lr, acc0 = hp[LR], hp[ACC0]
-    adagrad_scale(acc.cells, acc.heavy, uslot, 0, au, dp, lr, acc0)
-    adagrad_scale(acc.cells, acc.heavy, islot, 0, ai, dq, lr, acc0)
-    d = dp.shape[0]
-    adagrad_scale(acc.bias_cells, acc.heavy, uslot, d, abu, db[:1], lr, acc0)
-    adagrad_scale(acc.bias_cells, acc.heavy, islot, d, abi, db[1:], lr, acc0)
-
-
 @njit(nogil=True, cache=True)
 def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
     """Sequential SGD over a batch on a ``FactorStore``; out_pred[n] is the prediction made before
-    rating n was learned. With hp[OPTIMIZER] == ADAGRAD the steps are AdaGrad's, its sums in
-    ``acc`` (``models._adaptive.Accumulators``).
+    rating n was learned. With hp[OPTIMIZER] other than SGD the steps are AdaGrad's (per
+    coordinate or per id), its sums in ``acc`` (``models._adaptive.Accumulators``).
 
     Ids holding a heavy-filter slot (``store.heavy``, see models.heavy_filter) are read and
     written there; every rating first counts its user and item in the filter."""
@@ -275,7 +263,8 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
     slot_noise_std = np.sqrt(hp[LR] * tau) if tau > 0.0 else 0.0
     exchange = np.empty(d + 1)
     clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
-    adaptive = hp[OPTIMIZER] == ADAGRAD
+    mode = int(hp[OPTIMIZER])
+    adaptive = mode != SGD
     for n in range(ukeys.shape[0]):
         clock += _ONE
         uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], USER,
@@ -294,19 +283,19 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
         if islot >= 0 and islot == uslot:  # the user took the item's slot: the item is in the sketch
             islot = locate_in_sketch(cells, bias_cells, salts_i, bsalts_i, ikeys[n], ai, si, abi, sbi)
         if adaptive and uslot >= 0 and uslot != was_u:
-            adopt(acc, uslot, au, abu)
+            adopt(acc, mode, uslot, au, abu)
         islot = touch(fkeys, ffamilies, fcounts, fvectors, store, ikeys[n], ITEM, islot, clock,
                       ai, si, abi, sbi, exchange)
         if uslot >= 0 and uslot == islot:  # and the other way round
             uslot = locate_in_sketch(cells, bias_cells, salts_u, bsalts_u, ukeys[n], au, su, abu, sbu)
         if adaptive and islot >= 0 and islot != was_i:
-            adopt(acc, islot, ai, abi)
+            adopt(acc, mode, islot, ai, abi)
         take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
         if not take:
             continue
         if adaptive:
             db[0], db[1] = dbu, dbi
-            adagrad_steps(acc, uslot, islot, au, ai, abu, abi, dp, dq, db, hp)
+            adagrad_steps(acc, mode, uslot, islot, au, ai, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
             dbu, dbi = db[0], db[1]
         write_slot_or_cells(cells, fvectors, uslot, 0, au, su, dp, noise_std, slot_noise_std)
         write_slot_or_cells(cells, fvectors, islot, 0, ai, si, dq, noise_std, slot_noise_std)

@@ -150,9 +150,9 @@ class SketchMF(FactorizationModel):
             init_salts=self._init_salts, heavy=self.heavy.slots())
         if self.optimizer == "sgd":
             self.acc = Accumulators.empty()
-        elif getattr(self, "acc", None) is None or self.acc.cells.shape != self.vectors.cells.shape:
+        elif getattr(self, "acc", None) is None:
             self.acc = Accumulators.like(self.vectors.cells, self.biases.cells, self.heavy.n_slots,
-                                         self.dim)
+                                         self.dim, per_id=self.optimizer == "adagrad-id")
 
     @property
     def heavy_slots(self) -> int:
