@@ -26,6 +26,8 @@ modes (DP-SGD, SGLD, loss clipping) use one learner (``SketchMF``), never a comb
 from __future__ import annotations
 
 import inspect
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
@@ -82,6 +84,18 @@ def hedge(preds, ratings, losses, eta, forget, update, stats, counters, out):
 
 
 VALIDATION_SLICE = 16
+PARALLEL_FROM = 2_000  # ratings in a batch from which the members learn it in parallel threads
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Threads shared by every combination: the members' kernels release the GIL, so members
+    learn a batch at once on as many cores (each member's own order is kept: same results)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
+                                   thread_name_prefix="experts")
+    return _POOL
 
 
 def validation_slice(ukeys: np.ndarray, ikeys: np.ndarray) -> np.ndarray:
@@ -156,7 +170,7 @@ class Experts(FactorizationModel):
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
         epoch = int(hp[0])
         if epoch == 0:  # one pass: every prediction is made before its rating is learned
-            preds = np.stack([m.learn_many(ukeys, ikeys, ratings) for m in self.members_])
+            preds = np.stack(self._each(lambda m: m.learn_many(ukeys, ikeys, ratings), len(ratings)))
             update = np.ones(len(ratings), dtype=np.bool_)
         else:
             # from the second epoch on, an error on a rating already learned rewards fitting the
@@ -165,11 +179,20 @@ class Experts(FactorizationModel):
             update = validation_slice(ukeys, ikeys)
             preds = np.empty((len(self.members_), len(ratings)))
             learn = np.flatnonzero(~update)
-            for j, m in enumerate(self.members_):
-                preds[j, learn] = m.learn_many(ukeys[learn], ikeys[learn], ratings[learn], epoch=epoch)
-                preds[j, update] = m.predict_many(ukeys[update], ikeys[update])
+
+            def one(m):
+                return (m.learn_many(ukeys[learn], ikeys[learn], ratings[learn], epoch=epoch),
+                        m.predict_many(ukeys[update], ikeys[update]))
+            for j, (learned, held) in enumerate(self._each(one, len(ratings))):
+                preds[j, learn], preds[j, update] = learned, held
         hedge(preds, ratings, self.losses, self.eta, self.forget, update, self.stats,
               self.counters, out)
+
+    def _each(self, work, n: int) -> list:
+        """work(member) for every member: in parallel threads for large batches."""
+        if n < PARALLEL_FROM or len(self.members_) == 1:
+            return [work(m) for m in self.members_]
+        return list(_pool().map(work, self.members_))
 
     def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
         w = self.weights

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sketchrec.models._adaptive import adagrad_scale
+from sketchrec.models._adaptive import adagrad_id_scale, adagrad_scale
 from sketchrec.models.bias_baseline import BiasBaseline
 from sketchrec.models.experts import Experts
 from sketchrec.models.registry import MODELS
@@ -33,8 +33,19 @@ def test_adagrad_accumulates_squared_gradients_and_shrinks_the_step():
     assert rows[1].tolist() == [0.0, 4.0, 1.0] and rows[0].sum() == 0
 
 
-def test_adagrad_model_checkpoints_its_accumulators_and_refuses_dp():
-    model = SketchMF(dim=4, width=512, optimizer="adagrad", lr=0.2, heavy_slots=16)
+def test_adagrad_per_id_keeps_one_sum_per_id():
+    cells, addr = np.zeros((2, 8), np.float32), np.array([[2], [6]])
+    first, second = -0.1 * np.array([2.0, -2.0]), -0.1 * np.array([2.0, -2.0])
+    adagrad_id_scale(cells, np.zeros((0, 0), np.float32), -1, 0, addr, first, 0.1, 1.0)
+    adagrad_id_scale(cells, np.zeros((0, 0), np.float32), -1, 0, addr, second, 0.1, 1.0)
+    assert cells[0, 2] == cells[1, 6] == pytest.approx(8.0)   # mean g^2 = 4, twice
+    assert abs(first[0]) == pytest.approx(0.2 / 5 ** 0.5)       # 0.1 * 2 / sqrt(1 + 4)
+    assert abs(second[0]) == pytest.approx(0.2 / 3.0)           # 0.1 * 2 / sqrt(1 + 8): smaller
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adagrad-id"])
+def test_adagrad_model_checkpoints_its_accumulators_and_refuses_dp(optimizer):
+    model = SketchMF(dim=4, width=512, optimizer=optimizer, lr=0.2, heavy_slots=16)
     rng = np.random.default_rng(0)
     model.learn_many(rng.integers(0, 40, 500), rng.integers(0, 30, 500), rng.integers(1, 6, 500))
     assert model.acc.cells.sum() > 0 and model.acc.heavy.sum() > 0

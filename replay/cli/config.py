@@ -102,7 +102,7 @@ class ModelSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace, private: bool) -> "ModelSettings":
         optimizer = args.optimizer or "sgd"
-        tuned = DP_DEFAULTS if private else ADAGRAD_DEFAULTS if optimizer == "adagrad" else DEFAULTS
+        tuned = DP_DEFAULTS if private else DEFAULTS if optimizer == "sgd" else ADAGRAD_DEFAULTS
 
         def given(name: str):
             value = getattr(args, name)

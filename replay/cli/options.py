@@ -101,10 +101,11 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     "0 = the thesis's pure count sketch, and always 0 with DP-SGD)")
     ap.add_argument("--light-dim", type=positive_int, help="components the other ids keep in the sketch "
                     "(default: as many as fill it about once, at most d)")
-    ap.add_argument("--optimizer", choices=("sgd", "adagrad"), help="steps of one factor model "
-                    "(--model sketch): 'sgd' the thesis's plain SGD (default; always with DP-SGD, "
-                    "SGLD), 'adagrad' per-coordinate adaptive steps (accumulators in a count-min "
-                    "sketch beside the vectors: twice the memory)")
+    ap.add_argument("--optimizer", choices=("sgd", "adagrad", "adagrad-id"), help="steps of one "
+                    "factor model (--model sketch): 'sgd' the thesis's plain SGD (default; always "
+                    "with DP-SGD and SGLD); 'adagrad' per-coordinate AdaGrad (sums in a count-min "
+                    "sketch beside the vectors: twice their memory); 'adagrad-id' one AdaGrad sum "
+                    "per id (a count-min the size of the bias sketch; as fast as SGD)")
     ap.add_argument("--lr", type=positive_float, help=f"learning rate eta (default {DEFAULTS['lr']}; "
                     f"{ADAGRAD_DEFAULTS['lr']} with --optimizer adagrad; {DP_DEFAULTS['lr']} with DP-SGD)")
     ap.add_argument("--reg", type=nonnegative_float, help=f"L2 regularisation lambda (default {DEFAULTS['reg']}; "

@@ -23,7 +23,8 @@ from sketchrec.replay.experiments.common import write
 NAME = "tuning-free"
 DESCRIPTION = "Defaults (mix) vs the damped bias baseline and an lr x reg grid, incl. a change-point stream"
 GRID = {"sgd": ((0.01, 0.03, 0.06, 0.1), (0.02, 0.05, 0.085, 0.15)),
-        "adagrad": ((0.05, 0.1, 0.2, 0.4), (0.02, 0.05, 0.085, 0.15))}
+        "adagrad": ((0.05, 0.1, 0.2, 0.4), (0.02, 0.05, 0.085, 0.15)),
+        "adagrad-id": ((0.05, 0.1, 0.2, 0.4), (0.02, 0.05, 0.085, 0.15))}
 QUICK_GRID = {"sgd": ((0.03, 0.1), (0.02, 0.085)), "adagrad": ((0.1, 0.2), (0.02, 0.085))}
 TOLERANCE = 1.02
 
