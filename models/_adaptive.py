@@ -51,7 +51,8 @@ class Accumulators(NamedTuple):
 
 
 @njit(inline="always", cache=True)
-def _cm_read(cells, addr, l):
+def cm_read(cells, addr, l):
+    """Count-min estimate of component l at addr: the least of its k cells."""
     g = cells[0, addr[0, l]]
     for j in range(1, addr.shape[0]):
         g = min(g, cells[j, addr[j, l]])
@@ -71,7 +72,7 @@ def adagrad_scale(acc_cells, acc_heavy, slot, offset, addr, delta, lr, acc0):
             total = acc_heavy[slot, offset + l] + g * g
             acc_heavy[slot, offset + l] = total
         else:
-            total = _cm_read(acc_cells, addr, l) + g * g
+            total = cm_read(acc_cells, addr, l) + g * g
             for j in range(addr.shape[0]):  # conservative update
                 if acc_cells[j, addr[j, l]] < total:
                     acc_cells[j, addr[j, l]] = total
@@ -93,7 +94,7 @@ def adagrad_id_scale(acc_cells, acc_heavy, slot, column, baddr, delta, lr, acc0)
         total = acc_heavy[slot, column] + g2
         acc_heavy[slot, column] = total
     else:
-        total = _cm_read(acc_cells, baddr, 0) + g2
+        total = cm_read(acc_cells, baddr, 0) + g2
         for j in range(baddr.shape[0]):
             if acc_cells[j, baddr[j, 0]] < total:
                 acc_cells[j, baddr[j, 0]] = total
@@ -108,14 +109,14 @@ def adopt(acc, mode, slot, addr, baddr):
     estimates (addr/baddr: its vector and bias addresses)."""
     row = acc.heavy[slot]
     if mode == ADAGRAD_ID:
-        row[0] = _cm_read(acc.cells, baddr, 0)
-        row[1] = _cm_read(acc.bias_cells, baddr, 0)
+        row[0] = cm_read(acc.cells, baddr, 0)
+        row[1] = cm_read(acc.bias_cells, baddr, 0)
         return
     for l in range(row.shape[0]):
         row[l] = 0.0
     for l in range(addr.shape[1]):
-        row[l] = _cm_read(acc.cells, addr, l)
-    row[row.shape[0] - 1] = _cm_read(acc.bias_cells, baddr, 0)
+        row[l] = cm_read(acc.cells, addr, l)
+    row[row.shape[0] - 1] = cm_read(acc.bias_cells, baddr, 0)
 
 
 @njit(inline="always", cache=True)

@@ -24,29 +24,23 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sketchrec.models._adaptive import _cm_read
+from sketchrec.models._adaptive import cm_read
 from sketchrec.models._sgd import (DIVERGED, LEARNED, SKIPPED_DIVERGED, clip_to_range, mean_of,
-                                   record_rating)
+                                   read_bias, record_rating)
 from sketchrec.models.base import ITEM, USER, FactorizationModel
-from sketchrec.sketches.count_sketch import CountSketch, gather_mean, locate, scatter_add
+from sketchrec.sketches.count_sketch import CountSketch, scatter_add
+from sketchrec.sketches.hashing import as_keys
 
 DEFAULT_WIDTH = 1 << 15
 
 
 @njit(inline="always", cache=True)
-def _read(cells, salts, key, addr, sign, scratch):
-    locate(salts, key, cells.shape[1], addr, sign)
-    gather_mean(cells, addr, sign, scratch)
-    return scratch[0]
-
-
-@njit(inline="always", cache=True)
 def _step(cells, counts, addr, sign, residual, damping, horizon, delta):
     """Move one id's bias by residual / (n + 1 + damping), n its count (capped); count it."""
-    n = min(_cm_read(counts, addr, 0), horizon)
+    n = min(cm_read(counts, addr, 0), horizon)
     delta[0] = residual / (n + 1.0 + damping)
     scatter_add(cells, addr, sign, delta)
-    new = _cm_read(counts, addr, 0) + 1.0
+    new = cm_read(counts, addr, 0) + 1.0
     for j in range(addr.shape[0]):
         if counts[j, addr[j, 0]] < new:
             counts[j, addr[j, 0]] = new
@@ -61,8 +55,8 @@ def bias_learn(cells, counts, salts_u, salts_i, ukeys, ikeys, ratings, hp, stats
     su, si, scratch = np.empty((k, 1)), np.empty((k, 1)), np.empty(1)
     for n in range(ukeys.shape[0]):
         mu = mean_of(stats)
-        bu = _read(cells, salts_u, ukeys[n], au, su, scratch)
-        bi = _read(cells, salts_i, ikeys[n], ai, si, scratch)
+        bu = read_bias(cells, salts_u, ukeys[n], au, su, scratch)
+        bi = read_bias(cells, salts_i, ikeys[n], ai, si, scratch)
         out[n] = clip_to_range(mu + bu + bi, stats)
         r = ratings[n]
         if not abs(r - mu - bu - bi) < DIVERGED:  # as SketchMF: never write inf/NaN into cells
@@ -70,7 +64,7 @@ def bias_learn(cells, counts, salts_u, salts_i, ukeys, ikeys, ratings, hp, stats
             continue
         if stats[0] > 0:  # the first rating only sets mu
             _step(cells, counts, ai, si, r - mu - bu - bi, hp[1], hp[2], scratch)
-            bi = _read(cells, salts_i, ikeys[n], ai, si, scratch)
+            bi = read_bias(cells, salts_i, ikeys[n], ai, si, scratch)
             _step(cells, counts, au, su, r - mu - bu - bi, hp[0], hp[2], scratch)
         record_rating(stats, r)
         counters[LEARNED] += 1
@@ -82,8 +76,8 @@ def bias_predict(cells, salts_u, salts_i, ukeys, ikeys, stats, clip, out):
     addr, sign, scratch = np.empty((k, 1), dtype=np.int64), np.empty((k, 1)), np.empty(1)
     mu = mean_of(stats)
     for n in range(ukeys.shape[0]):
-        pred = (mu + _read(cells, salts_u, ukeys[n], addr, sign, scratch)
-                + _read(cells, salts_i, ikeys[n], addr, sign, scratch))
+        pred = (mu + read_bias(cells, salts_u, ukeys[n], addr, sign, scratch)
+                + read_bias(cells, salts_i, ikeys[n], addr, sign, scratch))
         out[n] = clip_to_range(pred, stats) if clip else pred
 
 
@@ -129,11 +123,6 @@ class BiasBaseline(FactorizationModel):
         bias_predict(self.biases.cells, *self._salts, ukeys, ikeys, self.stats, clip, out)
 
     def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
-        keys = self._keys(ids)
+        keys = as_keys(ids)
         biases = self.biases.read_many(keys, family)[:, 0]
         return np.zeros((keys.shape[0], 1)), biases
-
-    @staticmethod
-    def _keys(ids):
-        from sketchrec.sketches.hashing import as_keys
-        return as_keys(ids)

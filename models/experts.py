@@ -12,7 +12,8 @@ Games", ch. 3), and the average of several members is often below all of them.
 
 Memory: the members' own, side by side; ``capacity`` and ``space_gain`` are handed to every
 member that takes them, so each sketch is sized as it would be alone and the total is their sum
-(``nbytes``: about 2.2x one factor model with the defaults, see README "Defaults"). The privacy
+(``nbytes``: about 2.2x one factor model with the defaults; twice the space gain keeps one
+model's budget, see README "Defaults"). The privacy
 modes (DP-SGD, SGLD, loss clipping) use one learner (``SketchMF``), never a combination.
 
 >>> m = Experts(capacity=40)
@@ -44,12 +45,11 @@ MEMBER_CLASSES = {"BiasBaseline": BiasBaseline, "SketchMF": SketchMF}
 # README "Defaults"): the forgetting bias baseline; a factor model with AdaGrad steps (one sum per
 # id) that are large and lightly regularised (the best single learner of one pass everywhere
 # measured, but it over-fits in 20 epochs); and the thesis's SGD learner (the best of them over
-# epochs). The two factor models have half the dimension each (64 -> 32 + 32): together they hold
-# what one d = 64 sketch holds, and learn as fast
+# epochs). The factor models get the same d and sketch sizing, each as if alone
 DEFAULT_MEMBERS = (
     {"model": "BiasBaseline"},
-    {"model": "SketchMF", "optimizer": "adagrad-id", "lr": 0.2, "reg": 0.02, "dim": 32},
-    {"model": "SketchMF", "optimizer": "sgd", "lr": 0.03, "reg": 0.085, "dim": 32},
+    {"model": "SketchMF", "optimizer": "adagrad-id", "lr": 0.2, "reg": 0.02},
+    {"model": "SketchMF", "optimizer": "sgd", "lr": 0.03, "reg": 0.085},
 )
 
 

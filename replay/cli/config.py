@@ -142,15 +142,14 @@ class ModelSettings:
 
     def _build_mix(self, capacity: int, sketch: dict):
         """The bias baseline, or the combination with the sketch's shape options (those given)
-        passed to its factor members, each with half of --dim."""
+        passed to its factor members."""
         from sketchrec.models.bias_baseline import BiasBaseline
         from sketchrec.models.experts import DEFAULT_MEMBERS, Experts
         if self.kind == "bias":
             return BiasBaseline(capacity=capacity, depth=self.depth, seed=self.seed)
         shape = {name: value for name, value in sketch.items() if value is not None
                  and name not in ("capacity", "space_gain")}
-        # the factor members share --dim: two halves hold what one d-dimensional sketch holds
-        shape.update(dim=max(1, self.dim // 2), init_std=self.init_std, bias_reg=self.bias_reg)
+        shape.update(dim=self.dim, init_std=self.init_std, bias_reg=self.bias_reg)
         members = [spec if spec["model"] != "SketchMF" else {**spec, **shape}
                    for spec in DEFAULT_MEMBERS]
         return Experts(members, capacity=capacity, space_gain=self.space_gain, seed=self.seed)
