@@ -13,8 +13,8 @@ Games", ch. 3), and the average of several members is often below all of them.
 Memory: the members' own, side by side; ``capacity`` and ``space_gain`` are handed to every
 member that takes them, so each sketch is sized as it would be alone and the total is their sum
 (``nbytes``: about 2.2x one factor model with the defaults; twice the space gain keeps one
-model's budget, see README "Defaults"). The privacy
-modes (DP-SGD, SGLD, loss clipping) use one learner (``SketchMF``), never a combination.
+model's budget, see README "Defaults"). The privacy modes (DP-SGD, SGLD, loss clipping) use one
+learner (``SketchMF``), never a combination.
 
 >>> m = Experts(capacity=40)
 >>> [spec["model"] for spec in m.members]
