@@ -25,11 +25,12 @@ from numba import njit
 
 from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
 from sketchrec.sketches.hashing import mix64, unit_interval
+from sketchrec.models._adaptive import SGD, adagrad_steps, adopt
 from sketchrec.models.heavy_filter import find, touch
 from sketchrec.models.storage import ITEM, USER
 
 # positions in the hyper-parameter vector handed to the kernels
-LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU = range(6)
+LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU, OPTIMIZER, ACC0 = range(8)
 # positions in the running-statistics vector: count, sum, min, max of learned ratings
 COUNT, TOTAL, RMIN, RMAX = range(4)
 # positions in the counters vector
@@ -230,9 +231,10 @@ def unpack(store):
 
 
 @njit(nogil=True, cache=True)
-def sketch_learn(store, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
+def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
     """Sequential SGD over a batch on a ``FactorStore``; out_pred[n] is the prediction made before
-    rating n was learned.
+    rating n was learned. With hp[OPTIMIZER] other than SGD the steps are AdaGrad's (per
+    coordinate or per id), its sums in ``acc`` (``models._adaptive.Accumulators``).
 
     Ids holding a heavy-filter slot (``store.heavy``, see models.heavy_filter) are read and
     written there; every rating first counts its user and item in the filter."""
@@ -255,12 +257,14 @@ def sketch_learn(store, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
     dp = np.empty(d)
     dq = np.empty(d)
     b = np.empty(1)
-    db = np.empty(1)
+    db = np.empty(2)
     tau = hp[SGLD_TAU]
     noise_std = np.sqrt(k * hp[LR] * tau) if tau > 0.0 else 0.0
     slot_noise_std = np.sqrt(hp[LR] * tau) if tau > 0.0 else 0.0
     exchange = np.empty(d + 1)
     clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
+    mode = int(hp[OPTIMIZER])
+    adaptive = mode != SGD
     for n in range(ukeys.shape[0]):
         clock += _ONE
         uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], USER,
@@ -273,23 +277,32 @@ def sketch_learn(store, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
         out_pred[n] = clip_to_range(pred, stats)
         # count the sightings after the prediction, which is then exactly what predict_many
         # returns beforehand; an id admitted now takes its step in its new slot
+        was_u, was_i = uslot, islot
         uslot = touch(fkeys, ffamilies, fcounts, fvectors, store, ukeys[n], USER, uslot, clock,
                       au, su, abu, sbu, exchange)
         if islot >= 0 and islot == uslot:  # the user took the item's slot: the item is in the sketch
             islot = locate_in_sketch(cells, bias_cells, salts_i, bsalts_i, ikeys[n], ai, si, abi, sbi)
+        if adaptive and uslot >= 0 and uslot != was_u:
+            adopt(acc, mode, uslot, au, abu)
         islot = touch(fkeys, ffamilies, fcounts, fvectors, store, ikeys[n], ITEM, islot, clock,
                       ai, si, abi, sbi, exchange)
         if uslot >= 0 and uslot == islot:  # and the other way round
             uslot = locate_in_sketch(cells, bias_cells, salts_u, bsalts_u, ukeys[n], au, su, abu, sbu)
+        if adaptive and islot >= 0 and islot != was_i:
+            adopt(acc, mode, islot, ai, abi)
         take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
         if not take:
             continue
+        if adaptive:
+            db[0], db[1] = dbu, dbi
+            adagrad_steps(acc, mode, uslot, islot, au, ai, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
+            dbu, dbi = db[0], db[1]
         write_slot_or_cells(cells, fvectors, uslot, 0, au, su, dp, noise_std, slot_noise_std)
         write_slot_or_cells(cells, fvectors, islot, 0, ai, si, dq, noise_std, slot_noise_std)
         db[0] = dbu
-        write_slot_or_cells(bias_cells, fvectors, uslot, d, abu, sbu, db, noise_std, slot_noise_std)
+        write_slot_or_cells(bias_cells, fvectors, uslot, d, abu, sbu, db[:1], noise_std, slot_noise_std)
         db[0] = dbi
-        write_slot_or_cells(bias_cells, fvectors, islot, d, abi, sbi, db, noise_std, slot_noise_std)
+        write_slot_or_cells(bias_cells, fvectors, islot, d, abi, sbi, db[:1], noise_std, slot_noise_std)
         record_rating(stats, ratings[n])
         counters[LEARNED] += 1
 
@@ -348,48 +361,3 @@ def sketch_factors(store, keys, family, init_std, vectors, biases):
         slot = read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, keys[n],
                        family, init_std, addr, sign, vectors[n], start)
         biases[n] = read_bias_of(bias_cells, bsalts, fvectors, slot, keys[n], baddr, bsign, b)
-
-
-@njit(nogil=True, cache=True)
-def dense_learn(P, Q, bu_arr, bi_arr, uidx, iidx, ratings, hp, stats, counters, out_pred):
-    """The same SGD on ordinary per-id arrays (the regular-factorization baseline)."""
-    d = P.shape[1]
-    dp = np.empty(d)
-    dq = np.empty(d)
-    p = np.empty(d)
-    q = np.empty(d)
-    noise_std = np.sqrt(hp[LR] * hp[SGLD_TAU]) if hp[SGLD_TAU] > 0.0 else 0.0
-    for n in range(uidx.shape[0]):
-        u, i = uidx[n], iidx[n]
-        dot = 0.0
-        for l in range(d):
-            p[l] = P[u, l]
-            q[l] = Q[i, l]
-            dot += p[l] * q[l]
-        bu, bi = bu_arr[u], bi_arr[i]
-        pred = mean_of(stats) + bu + bi + dot
-        out_pred[n] = clip_to_range(pred, stats)
-        take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
-        if not take:
-            continue
-        for l in range(d):
-            P[u, l] += dp[l] + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
-            Q[i, l] += dq[l] + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
-        bu_arr[u] += dbu + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
-        bi_arr[i] += dbi + (noise_std * np.random.standard_normal() if noise_std > 0.0 else 0.0)
-        record_rating(stats, ratings[n])
-        counters[LEARNED] += 1
-
-
-@njit(nogil=True, cache=True)
-def dense_predict(P, Q, bu_arr, bi_arr, uidx, iidx, u_start, i_start, stats, clip, out):
-    """Predictions; index -1 means an unknown id, which uses its start vector and zero bias."""
-    mu = mean_of(stats)
-    for n in range(uidx.shape[0]):
-        u, i = uidx[n], iidx[n]
-        pred = mu + (bu_arr[u] if u >= 0 else 0.0) + (bi_arr[i] if i >= 0 else 0.0)
-        for l in range(P.shape[1]):
-            pu = P[u, l] if u >= 0 else u_start[n, l]
-            qi = Q[i, l] if i >= 0 else i_start[n, l]
-            pred += pu * qi
-        out[n] = clip_to_range(pred, stats) if clip else pred

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sketchrec.models._sgd import dense_learn, dense_predict, init_rows
+from sketchrec.models._dense_sgd import dense_learn, dense_predict
+from sketchrec.models._sgd import init_rows
 from sketchrec.models.base import ITEM, USER, FactorizationModel
 from sketchrec.sketches.hashing import as_keys
 

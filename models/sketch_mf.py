@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sketchrec.models._adaptive import OPTIMIZERS, Accumulators
 from sketchrec.models._sgd import (LEARNED, TOTAL, sketch_factors, sketch_learn, sketch_predict,
                                    sketch_score)
 from sketchrec.models.base import ITEM, USER, FactorizationModel
@@ -59,7 +60,7 @@ class SketchMF(FactorizationModel):
                  lr_schedule_T: float = 20.0, sgld_temperature: float | None = None,
                  clip_loss: float | None = None, seed: int = 0, dp: DPConfig | dict | None = None,
                  heavy_fraction: float | None = None, heavy_slots: int | None = None,
-                 light_dim: int | None = None):
+                 light_dim: int | None = None, optimizer: str = "sgd", acc0: float = 1.0):
         super().__init__(dim=dim, lr=lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
                          lr_schedule_T=lr_schedule_T, sgld_temperature=sgld_temperature,
                          clip_loss=clip_loss, seed=seed)
@@ -71,6 +72,12 @@ class SketchMF(FactorizationModel):
         bias_width = max(1, -(-self.width * self.depth // self.dim))
         self._split_memory(heavy_fraction, heavy_slots, light_dim, dp is not None)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
+        if optimizer not in OPTIMIZERS or acc0 <= 0:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}; acc0 positive")
+        if optimizer != "sgd" and (dp is not None or sgld_temperature):
+            raise ValueError("DP-SGD and SGLD take plain SGD steps (their noise is calibrated to "
+                             "them): optimizer must be 'sgd'")
+        self.optimizer, self.acc0 = optimizer, float(acc0)
         self._bind_store()
         self._dp = DPConfig.of(dp)
         self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (public: not a noise seed)
@@ -141,6 +148,11 @@ class SketchMF(FactorizationModel):
             salts=np.stack([self.vectors.salts(f)[:, :self.light_dim] for f in (USER, ITEM)]),
             bias_salts=np.stack([self.biases.salts(USER), self.biases.salts(ITEM)]),
             init_salts=self._init_salts, heavy=self.heavy.slots())
+        if self.optimizer == "sgd":
+            self.acc = Accumulators.empty()
+        elif getattr(self, "acc", None) is None:
+            self.acc = Accumulators.like(self.vectors.cells, self.biases.cells, self.heavy.n_slots,
+                                         self.dim, per_id=self.optimizer == "adagrad-id")
 
     @property
     def heavy_slots(self) -> int:
@@ -170,8 +182,10 @@ class SketchMF(FactorizationModel):
     def _state_arrays(self) -> dict[str, np.ndarray]:
         # the exact per-user cap counts are operator state, not model: see operator_state()
         heavy = self.heavy.state_arrays()
+        adaptive = {} if self.optimizer == "sgd" else dict(zip(("acc_vectors", "acc_biases",
+                                                                 "acc_heavy"), self.acc))
         return {"vectors": self.vectors.cells, "biases": self.biases.cells, "dp_steps": self.dp_steps,
-                **{saved: heavy[name] for name, saved in _FILTER_ARRAYS.items()}}
+                **{saved: heavy[name] for name, saved in _FILTER_ARRAYS.items()}, **adaptive}
 
     def operator_state(self) -> bytes:
         """The user unit's exact cap counts (keys: public hashes of ids), kept out of to_bytes()
@@ -198,17 +212,19 @@ class SketchMF(FactorizationModel):
         if "capped_users" in arrays:
             self.user_counts = dict(zip(arrays["capped_users"].tolist(),
                                         arrays["capped_counts"].tolist()))
+        if "acc_vectors" in arrays:
+            self.acc = Accumulators(arrays["acc_vectors"], arrays["acc_biases"], arrays["acc_heavy"])
         self._bind_store()
         self._stepper = None
 
     @property
     def nbytes(self) -> int:
         return (self.vectors.nbytes + self.biases.nbytes + self.heavy.nbytes + self.stats.nbytes
-                + self.counters.nbytes)
+                + self.counters.nbytes + sum(a.nbytes for a in self.acc))
 
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
         if self.dp is None:
-            sketch_learn(self.store, ukeys, ikeys, ratings, hp, self.stats, self.counters, out)
+            sketch_learn(self.store, self.acc, ukeys, ikeys, ratings, hp, self.stats, self.counters, out)
             return
         # stream mode: one noisy step per batch_size consecutive ratings (positions, not content,
         # decide the steps); over the user cap a rating is predicted but not learned

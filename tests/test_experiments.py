@@ -149,3 +149,14 @@ def test_huber_movielens_quick(tmp_path):
     assert _in_range(values, 0.5, 3.0) and len(values) == 5
     for r in result["dp_sgd_sketch"].values():
         assert _in_range([r["rmse"]], 0.5, 3.0) and r["proven_epsilon"] <= 8.0 + 1e-6
+
+
+@pytest.mark.usefixtures("ml100k")
+def test_tuning_free_quick(tmp_path):
+    # issue 22: the defaults are <= the damped bias baseline and within 2% of the grid's best,
+    # on ML-100k and on the change-point stream
+    result = _quick(tmp_path, "tuning-free")
+    assert set(result["streams"]) == {"change-point", "ml-100k"}
+    for stream in result["streams"].values():
+        assert stream["defaults_le_bias"] and stream["defaults_within_2pct"], stream
+    assert result["streams"]["ml-100k"]["defaults"] <= 0.950

@@ -25,9 +25,12 @@ def test_replay_synthetic_default_reports_everything(capsys):
                 "protocol", "model", "params"):
         assert key in result
     assert result["ratings"] == 20_000 and result["protocol"] == "prequential"
-    assert result["model"] == "sketch" and result["source"] == "synthetic"
+    # the default learner: the combination (issue 22); its weights are reported
+    assert result["model"] == "mix" and result["source"] == "synthetic"
     assert 0.3 < result["rmse"] < 1.5 and result["mae"] < result["rmse"]
-    assert result["params"]["width"] == -(-700 * 64 // 4)
+    assert result["params"]["members"] == ("bias + sketch adagrad-id lr=0.2 reg=0.02 d=64 + "
+                                         "sketch sgd lr=0.03 reg=0.085 d=64")
+    assert abs(sum(result["params"]["weights"]) - 1) < 1e-3
 
 
 def test_replay_reports_malformed_lines_and_learns_the_rest(tmp_path, capsys):
@@ -42,12 +45,14 @@ def test_replay_reports_malformed_lines_and_learns_the_rest(tmp_path, capsys):
     assert "lines set aside" in captured and "line 3: non-numeric rating" in captured
 
 
-@pytest.mark.parametrize("model", ["dense", "river"])
+@pytest.mark.parametrize("model", ["sketch", "dense", "river", "bias"])
 def test_replay_other_models(model, capsys):
     assert replay_main([*SMALL_SYNTH, "--synthetic-ratings", "3000", "--model", model, "--quiet",
                         "--json", "--dim", "4"]) == 0
     result = last_json(capsys)
     assert result["model"] == model and result["ratings"] == 3000 and result["rmse"] < 2
+    if model == "sketch":  # the thesis learner's sizing, eq. 4.9 (700 ids, d = 4, k = 4)
+        assert result["params"]["width"] == 700 and result["params"]["optimizer"] == "sgd"
 
 
 def test_replay_missing_file_is_a_clear_error(capsys):

@@ -197,7 +197,7 @@ def test_ml100k_targets():
     catalogue, source = public_catalogue(ML100K, ratings)
     assert source == "public catalogue u.item" and len(catalogue) == 1682
     run = lambda eps, unit: train_user_private(train, test, eps, 1e-5, unit, catalogue)  # noqa: E731
-    non_private = 0.9105996144537245  # replay --holdout 0.2 --epochs 20 --seed 1
+    non_private = 0.9105996144537245  # replay --model sketch --holdout 0.2 --epochs 20 --seed 1
     user8, user1, rating1 = run(8.0, "user"), run(1.0, "user"), run(1.0, "rating")
     assert user8["rmse"] <= 1.10 * non_private
     assert user1["rmse"] < user1["baseline_rmse"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sketchrec.models import DenseMF, SketchMF
+from sketchrec.models.experts import Experts
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.models.river_adapters import RiverBiasedMF
 from sketchrec.privacy.monitor import PrivacyMonitor
@@ -93,6 +94,8 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
                                    len(data)),
         "sketch_learn_one": (lambda: _OneByOne(SketchMF(capacity=capacity, dim=dim)), min(slow, 20_000)),
         "dense_batch": (lambda: DenseMF(dim=dim), len(data)),
+        # replay's default learner (issue 22): the bias baseline and two sketch models combined
+        "mix_batch": (lambda: Experts(capacity=capacity), len(data)),
         "river_biasedmf": (lambda: RiverBiasedMF(dim=dim), slow),
     }
     if vw_available():
@@ -100,6 +103,7 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     # compile outside the timings (the learner's kernels and the monitor's)
     Wrapped(SketchMF(capacity=10, dim=dim), PrivacyMonitor(window=2, reservoir=2, probe_every=1)).learn_many(
         [1, 2, 3], [1, 2, 3], [3.0, 4.0, 5.0])
+    Experts(capacity=10).learn_many([1, 2, 3], [1, 2, 3], [3.0, 4.0, 5.0])
     results: dict = {"dim": dim, "ratings": len(data)}
     # the monitor's overhead is the median over alternating plain/monitored pairs: pairing cancels
     # the machine's drift between two separately timed medians, which is as large as the overhead
@@ -123,6 +127,7 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     rate = {name: results[name]["throughput_per_s"] for name in learners}
     results["ratio_sketch_over_river"] = rate["sketch_batch"] / rate["river_biasedmf"]
     results["ratio_sketch_over_dense"] = rate["sketch_batch"] / rate["dense_batch"]
+    results["ratio_mix_over_river"] = rate["mix_batch"] / rate["river_biasedmf"]
     results["ratio_sketch_over_vw"] = rate["sketch_batch"] / rate["vowpal_wabbit"] if vw_available() else None
     return results
 
@@ -136,6 +141,7 @@ def print_table(results: dict) -> None:
     print(f"  sketch/river {results['ratio_sketch_over_river']:.1f}x, sketch/VW "
           + (f"{vw:.2f}x" if vw else "n/a (vowpalwabbit not installed)")
           + f", sketch/dense {results['ratio_sketch_over_dense']:.2f}x, "
+          f"mix (replay's default)/river {results['ratio_mix_over_river']:.1f}x, "
           f"monitor overhead {results['ratio_monitor_overhead']:.3f}")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
+from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS
 from sketchrec.replay.cli.options import ACCESS, parse_host_port
 
 
@@ -78,7 +78,10 @@ class DPSettings:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """The learner: its kind (sketch, dense, river) and hyper-parameters, DP defaults resolved."""
+    """The learner: its kind (mix, sketch, dense, river, bias) and hyper-parameters, DP defaults
+    resolved. No --model: the combination ``mix`` (``models.experts``), except in the privacy
+    modes (DP-SGD, SGLD, loss clipping), which use one learner, the sketch with plain SGD, and
+    when --lr, --reg or --optimizer is given (they set one learner: the sketch)."""
 
     kind: str
     dim: int
@@ -94,18 +97,27 @@ class ModelSettings:
     sgld: float | None = None
     clip_loss: float | None = None
     seed: int = 0
+    optimizer: str = "sgd"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, private: bool) -> "ModelSettings":
-        tuned = DP_DEFAULTS if private else DEFAULTS
+        optimizer = args.optimizer or "sgd"
+        tuned = DP_DEFAULTS if private else DEFAULTS if optimizer == "sgd" else ADAGRAD_DEFAULTS
 
         def given(name: str):
             value = getattr(args, name)
             return tuned[name] if value is None else value
 
-        return cls(args.model, given("dim"), given("lr"), given("reg"), args.depth, args.width,
+        # --lr, --reg or --optimizer set ONE learner: given without --model they ask for one
+        one = any(v is not None for v in (args.lr, args.reg, args.optimizer))
+        kind = args.model or ("sketch" if private or one or args.sgld is not None
+                              or args.clip_loss is not None else "mix")
+        if kind == "mix" and one:
+            raise SystemExit("replay: --lr, --reg and --optimizer set one learner; the combination "
+                             "(--model mix) tunes its members itself: give --model sketch with them")
+        return cls(kind, given("dim"), given("lr"), given("reg"), args.depth, args.width,
                    args.space_gain, args.heavy_fraction, args.light_dim, args.bias_reg, args.init_std,
-                   args.sgld, args.clip_loss, args.seed)
+                   args.sgld, args.clip_loss, args.seed, optimizer)
 
     def build(self, capacity: int, dp=None, prog: str = "replay"):
         """The model, sized for ``capacity`` distinct users + items; its own option checks end the
@@ -118,13 +130,29 @@ class ModelSettings:
         if self.kind == "dense":
             from sketchrec.models import DenseMF
             return DenseMF(**common, **extra)
-        from sketchrec.models import SketchMF
+        sketch = dict(depth=self.depth, width=self.width, space_gain=self.space_gain,
+                      capacity=capacity, heavy_fraction=self.heavy_fraction, light_dim=self.light_dim)
         try:
-            return SketchMF(depth=self.depth, width=self.width, space_gain=self.space_gain,
-                            capacity=capacity, dp=dp, heavy_fraction=self.heavy_fraction,
-                            light_dim=self.light_dim, **common, **extra)
+            if self.kind in ("mix", "bias"):
+                return self._build_mix(capacity, sketch)
+            from sketchrec.models import SketchMF
+            return SketchMF(dp=dp, optimizer=self.optimizer, **sketch, **common, **extra)
         except ValueError as exc:
             raise SystemExit(f"{prog}: {exc}") from exc
+
+    def _build_mix(self, capacity: int, sketch: dict):
+        """The bias baseline, or the combination with the sketch's shape options (those given)
+        passed to its factor members."""
+        from sketchrec.models.bias_baseline import BiasBaseline
+        from sketchrec.models.experts import DEFAULT_MEMBERS, Experts
+        if self.kind == "bias":
+            return BiasBaseline(capacity=capacity, depth=self.depth, seed=self.seed)
+        shape = {name: value for name, value in sketch.items() if value is not None
+                 and name not in ("capacity", "space_gain")}
+        shape.update(dim=self.dim, init_std=self.init_std, bias_reg=self.bias_reg)
+        members = [spec if spec["model"] != "SketchMF" else {**spec, **shape}
+                   for spec in DEFAULT_MEMBERS]
+        return Experts(members, capacity=capacity, space_gain=self.space_gain, seed=self.seed)
 
     def warm(self, dp=None, say: Callable[[str], None] | None = None, prog: str = "replay") -> None:
         """Compile numba's kernels (or load them from its cache) by learning a few ratings on a

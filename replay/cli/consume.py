@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--expected-ratings", type=int, default=10_000_000,
                     help="sizes the Bloom filter of seen (user, item) pairs")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--model", choices=("sketch", "dense"), default="sketch")
+    ap.add_argument("--model", choices=("sketch", "dense", "mix", "bias"), default="sketch")
     add_model_args(ap)
     add_monitor_args(ap)
     add_serving_args(ap)

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
+from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS
 from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
 from sketchrec.replay.cli.admin import add_admin_token_args
 
@@ -101,10 +101,15 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     "0 = the thesis's pure count sketch, and always 0 with DP-SGD)")
     ap.add_argument("--light-dim", type=positive_int, help="components the other ids keep in the sketch "
                     "(default: as many as fill it about once, at most d)")
+    ap.add_argument("--optimizer", choices=("sgd", "adagrad", "adagrad-id"), help="steps of one "
+                    "factor model (--model sketch): 'sgd' the thesis's plain SGD (default; always "
+                    "with DP-SGD and SGLD); 'adagrad' per-coordinate AdaGrad (sums in a count-min "
+                    "sketch beside the vectors: twice their memory); 'adagrad-id' one AdaGrad sum "
+                    "per id (a count-min the size of the bias sketch; as fast as SGD)")
     ap.add_argument("--lr", type=positive_float, help=f"learning rate eta (default {DEFAULTS['lr']}; "
-                    f"{DP_DEFAULTS['lr']} with DP-SGD)")
+                    f"{ADAGRAD_DEFAULTS['lr']} with --optimizer adagrad; {DP_DEFAULTS['lr']} with DP-SGD)")
     ap.add_argument("--reg", type=nonnegative_float, help=f"L2 regularisation lambda (default {DEFAULTS['reg']}; "
-                    f"{DP_DEFAULTS['reg']} with DP-SGD)")
+                    f"{ADAGRAD_DEFAULTS['reg']} with adagrad; {DP_DEFAULTS['reg']} with DP-SGD)")
     ap.add_argument("--bias-reg", type=nonnegative_float, default=DEFAULTS["bias_reg"], help="L2 weight of the biases")
     ap.add_argument("--init-std", type=nonnegative_float, default=DEFAULTS["init_std"], help="std of start vectors")
     ap.add_argument("--sgld", type=nonnegative_float, metavar="TAU", help="SGLD with temperature TAU")

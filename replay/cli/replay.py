@@ -54,7 +54,11 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--holdout", type=unit_fraction, metavar="F", help="holdout protocol: test fraction F")
     ap.add_argument("--epochs", type=positive_int, default=20, help="epochs of the holdout protocol")
     ap.add_argument("--seed", type=nonnegative_int, default=0)
-    ap.add_argument("--model", choices=("sketch", "dense", "river"), default="sketch")
+    ap.add_argument("--model", choices=("mix", "sketch", "dense", "river", "bias"),
+                    help="mix: the bias baseline and AdaGrad sketch models combined by their recent "
+                    "error (default; the privacy modes use one learner, sketch); sketch: one count-"
+                    "sketch model (`--model sketch` is the thesis learner: plain SGD, lr 0.03); bias: "
+                    "damped running user + item biases")
     add_model_args(ap)
     ap.add_argument("--batch-size", type=positive_int, default=10_000)
     ap.add_argument("--capacity", type=positive_int, metavar="N",
@@ -329,12 +333,19 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
 
 def _params(run: Run) -> dict:
     s, model = run.config.model, run.model
+    if s.kind in ("mix", "bias"):
+        mix = s.kind == "mix"
+        return {"members": model.describe() if mix else "damped running user + item biases",
+                **({"weights": model.weights.round(4).tolist()} if mix else {}),
+                "seed": s.seed, "capacity": run.source.capacity,
+                "skipped_diverged": model.n_skipped_diverged}
     return {"dim": s.dim, "lr": s.lr, "reg": s.reg, "bias_reg": s.bias_reg, "init_std": s.init_std,
             "seed": s.seed, "capacity": run.source.capacity,
             **({"depth": s.depth, "width": model.width, "space_gain": s.space_gain,
                 "heavy_fraction": model.heavy_fraction, "heavy_slots": model.heavy.n_slots,
                 "heavy_used": model.heavy.n_used, "light_dim": model.light_dim}
                if s.kind == "sketch" else {}),
+            **({"optimizer": s.optimizer} if s.kind == "sketch" else {}),
             **({"sgld": s.sgld, "clip_loss": s.clip_loss, "skipped_by_clip_loss": model.n_skipped_clip,
                 "skipped_diverged": model.n_skipped_diverged} if s.kind != "river" else {})}
 

@@ -11,7 +11,7 @@ import importlib
 from types import ModuleType
 
 # module names, in the order `--list` shows them
-MODULES: list[str] = ["b1_table", "b1_heatmap", "b1_dynamic", "b1_regularization", "b2_privacy", "dp_sgd", "blip_attacks", "qolsh", "retrieval", "huber_synthetic", "blp_mog", "dp_nmf", "huber_movielens", "dp_utility"]
+MODULES: list[str] = ["b1_table", "b1_heatmap", "b1_dynamic", "b1_regularization", "b2_privacy", "dp_sgd", "blip_attacks", "qolsh", "retrieval", "huber_synthetic", "blp_mog", "dp_nmf", "huber_movielens", "dp_utility", "tuning_free"]
 
 
 def registry() -> dict[str, ModuleType]:

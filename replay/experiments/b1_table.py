@@ -32,7 +32,7 @@ def _make(name: str, capacity: int, lr: float, reg: float, seed: int):
     if name == "regular":
         return DenseMF(**common)
     return SketchMF(capacity=capacity, space_gain=1.0, depth=4 if name == "count_sketch_k4" else 1,
-                    heavy_fraction=0.0, **common)  # the thesis's pure count sketch
+                    heavy_fraction=0.0, optimizer="sgd", **common)  # the thesis's pure count sketch
 
 
 def run(data: Path | None, out: Path, quick: bool) -> dict:

@@ -67,9 +67,9 @@ def make(kind: str, n: int, dim: int, space_gain: float = 1.0, lr: float = 0.03,
     common = dict(dim=dim, lr=lr, reg=reg, bias_reg=reg, init_std=0.05, seed=seed, **extra)
     if kind == "regular":
         return DenseMF(**common)
-    # the thesis's pure count sketch (no heavy-hitter filter) unless told otherwise
+    # the thesis's pure count sketch (no heavy-hitter filter, plain SGD) unless told otherwise
     return SketchMF(capacity=n, space_gain=space_gain, depth=4 if kind == "sketch" else 1,
-                    **{"heavy_fraction": 0.0, **common})
+                    **{"heavy_fraction": 0.0, "optimizer": "sgd", **common})
 
 
 def fit(model, split: Split, epochs: int, seed: int = 0) -> float:

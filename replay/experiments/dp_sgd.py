@@ -53,7 +53,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
     epochs = 2 if quick else 20
     epsilons = (1.0, math.inf) if quick else EPSILONS
     capacity = ratings.n_ids()
-    baseline = SketchMF(dim=DEFAULTS["dim"], lr=DEFAULTS["lr"], reg=DEFAULTS["reg"],
+    baseline = SketchMF(dim=DEFAULTS["dim"], lr=DEFAULTS["lr"], reg=DEFAULTS["reg"], optimizer="sgd",
                         bias_reg=DEFAULTS["bias_reg"], capacity=capacity, seed=1)
     base = holdout(baseline, ratings, 0.2, epochs, seed=1)
     private_capacity = public_capacity(True, None)  # never the data's count (privacy.release)

@@ -33,8 +33,9 @@ DATASETS = {"ml-100k": SHARED / "ml-100k" / "u.data",
 RANGES = {"u.data": (1.0, 5.0), "ratings.csv": (0.5, 5.0)}
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 DELTA = 1e-5
-# the non-private sketch learner as `replay` runs it (replay.cli DEFAULTS)
-SKETCH = dict(dim=64, depth=4, space_gain=1.0, lr=0.03, reg=0.085, bias_reg=0.05, init_std=0.05, seed=1)
+# the non-private sketch learner as `replay --model sketch` runs it (replay.cli DEFAULTS, plain SGD)
+SKETCH = dict(dim=64, depth=4, space_gain=1.0, lr=0.03, reg=0.085, bias_reg=0.05, init_std=0.05, seed=1,
+              optimizer="sgd")
 
 
 def _stats(values: list[float]) -> dict:

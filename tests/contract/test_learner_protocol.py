@@ -23,6 +23,8 @@ from river.reco.base import Ranker
 
 from sketchrec.data import SyntheticStream
 from sketchrec.models import DenseMF, SketchMF
+from sketchrec.models.bias_baseline import BiasBaseline
+from sketchrec.models.experts import Experts
 from sketchrec.models.river_adapters import RankerRegressor, RiverBiasedMF
 
 KW = dict(dim=8, lr=0.05, seed=3)
@@ -45,6 +47,11 @@ LEARNERS = [
     Learner("DenseMF", lambda: DenseMF(**KW), fixed_memory=False),
     Learner("RiverBiasedMF", lambda: RiverBiasedMF(dim=8, lr=0.05, seed=3), ranker=False, checkpoint=False,
             fixed_memory=False),
+    # issue 22: AdaGrad steps, the bias baseline, the default combination of learners
+    Learner("SketchMF-adagrad-id", lambda: SketchMF(width=256, depth=4, optimizer="adagrad-id", **KW),
+            fixed_memory=True),
+    Learner("BiasBaseline", lambda: BiasBaseline(width=64, seed=3), fixed_memory=True),
+    Learner("Experts", lambda: Experts(capacity=64, seed=3), fixed_memory=True),
 ]
 
 

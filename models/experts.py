@@ -1,0 +1,217 @@
+"""An online combination of learners over one stream, weighted by their recent prequential error:
+exponentially weighted experts (Hedge) with forgetting, so the served prediction stays near the best
+member's on every stream and moves to another member after a change-point.
+
+Every member learns every rating (their own prediction made before it, as always). The combined
+prediction of rating n is sum_j w_j p_j with w_j proportional to exp(-eta L_j), L_j member j's
+squared errors on the ratings before n, discounted by ``forget`` per rating (about 1 / (1 - forget)
+recent ratings count): a member that gets worse loses its weight within that window. Squared loss
+on a bounded range is exp-concave, so the combination's loss stays within O(log m / eta) of the
+best member's over any window of that length (Cesa-Bianchi and Lugosi, "Prediction, Learning, and
+Games", ch. 3), and the average of several members is often below all of them.
+
+Memory: the members' own, side by side; ``capacity`` and ``space_gain`` are handed to every
+member that takes them, so each sketch is sized as it would be alone and the total is their sum
+(``nbytes``: about 2.2x one factor model with the defaults; twice the space gain keeps one
+model's budget, see README "Defaults"). The privacy modes (DP-SGD, SGLD, loss clipping) use one
+learner (``SketchMF``), never a combination.
+
+>>> m = Experts(capacity=40)
+>>> [spec["model"] for spec in m.members]
+['BiasBaseline', 'SketchMF', 'SketchMF']
+>>> _ = m.learn_many(["ann", "bob"] * 10, ["film", "book"] * 10, [5.0, 2.0] * 10)
+>>> round(float(m.weights.sum()), 6), Experts.from_bytes(m.to_bytes()).predict_one("ann", "film") == m.predict_one("ann", "film")
+(1.0, True)
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numba import njit
+
+from sketchrec.models._sgd import DIVERGED, LEARNED, clip_to_range, record_rating
+from sketchrec.models.base import USER, FactorizationModel
+from sketchrec.models.bias_baseline import BiasBaseline
+from sketchrec.models.sketch_mf import SketchMF
+from sketchrec.sketches.hashing import as_keys
+
+MEMBER_CLASSES = {"BiasBaseline": BiasBaseline, "SketchMF": SketchMF}
+
+# the default members (measured on ML-100k, ml-latest-small and the change-point stream, see
+# README "Defaults"): the forgetting bias baseline; a factor model with AdaGrad steps (one sum per
+# id) that are large and lightly regularised (the best single learner of one pass everywhere
+# measured, but it over-fits in 20 epochs); and the thesis's SGD learner (the best of them over
+# epochs). The factor models get the same d and sketch sizing, each as if alone
+DEFAULT_MEMBERS = (
+    {"model": "BiasBaseline"},
+    {"model": "SketchMF", "optimizer": "adagrad-id", "lr": 0.2, "reg": 0.02},
+    {"model": "SketchMF", "optimizer": "sgd", "lr": 0.03, "reg": 0.085},
+)
+
+
+@njit(nogil=True, cache=True)
+def hedge(preds, ratings, losses, eta, forget, update, stats, counters, out):
+    """Combine the members' predictions (m x n) in order, updating their discounted losses on
+    the ratings where ``update`` (n booleans) holds."""
+    m = preds.shape[0]
+    w = np.empty(m)
+    for n in range(preds.shape[1]):
+        best = losses.min()
+        total = 0.0
+        for j in range(m):
+            w[j] = np.exp(-eta * (losses[j] - best))
+            total += w[j]
+        acc = 0.0
+        for j in range(m):
+            acc += w[j] * preds[j, n]
+        out[n] = clip_to_range(acc / total, stats)
+        # a rating no member can be scored on (e.g. 1e308 with --rating-range none) would make
+        # every loss infinite and the weights NaN: it moves none of them
+        sane = update[n]
+        for j in range(m):
+            e = preds[j, n] - ratings[n]
+            sane = sane and e * e < DIVERGED * DIVERGED
+        for j in range(m):
+            if sane:
+                e = preds[j, n] - ratings[n]
+                losses[j] = forget * losses[j] + e * e
+        record_rating(stats, ratings[n])
+        counters[LEARNED] += 1
+
+
+VALIDATION_SLICE = 16
+PARALLEL_FROM = 2_000  # ratings in a batch from which the members learn it in parallel threads
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Threads shared by every combination: the members' kernels release the GIL, so members
+    learn a batch at once on as many cores (each member's own order is kept: same results)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
+                                   thread_name_prefix="experts")
+    return _POOL
+
+
+def validation_slice(ukeys: np.ndarray, ikeys: np.ndarray) -> np.ndarray:
+    """Which (user, item) pairs the members stop learning after the first epoch (1 in
+    ``VALIDATION_SLICE``, by a hash of the pair: the same pairs in every epoch)."""
+    mixed = (ukeys * np.uint64(0x9E3779B97F4A7C15)) ^ (ikeys * np.uint64(0xC2B2AE3D27D4EB4F))
+    return (mixed >> np.uint64(40)) % np.uint64(VALIDATION_SLICE) == 0
+
+
+class Experts(FactorizationModel):
+    """Members (``members``: specs ``{"model": class name, **constructor arguments}``, default
+    ``DEFAULT_MEMBERS``) combined by Hedge (``eta``: the weights' sharpness per unit of discounted
+    squared error; ``forget``: the per-rating discount). ``weights`` are the current ones."""
+
+    def __init__(self, members: list[dict] | None = None, capacity: int | None = None,
+                 space_gain: float = 1.0, eta: float = 0.1, forget: float = 0.998, seed: int = 0):
+        specs = [dict(s) for s in (members or DEFAULT_MEMBERS)]
+        self.members_ = [self._build(spec, capacity, space_gain, seed) for spec in specs]
+        super().__init__(dim=sum(m.dim for m in self.members_), seed=seed)
+        if eta <= 0 or not 0.0 < forget <= 1.0:
+            raise ValueError("eta must be positive and forget in (0, 1]")
+        self.members, self.capacity, self.space_gain = specs, capacity, float(space_gain)
+        self.eta, self.forget = float(eta), float(forget)
+        self.losses = np.zeros(len(specs))
+        self.dp = None  # the privacy modes use one learner
+
+    @staticmethod
+    def _build(spec: dict, capacity, space_gain, seed):
+        cls = MEMBER_CLASSES[spec["model"]]
+        args = {k: v for k, v in spec.items() if k != "model"}
+        accepted = inspect.signature(cls.__init__).parameters
+        for name, value in (("capacity", capacity), ("space_gain", space_gain), ("seed", seed)):
+            if name in accepted and name not in args:
+                args[name] = value
+        return cls(**args)
+
+    def describe(self) -> str:
+        """The members in one line, e.g. ``bias + sketch adagrad lr=0.2 reg=0.02 d=64``."""
+        def one(spec: dict, model) -> str:
+            if spec["model"] == "BiasBaseline":
+                return "bias"
+            return f"sketch {model.optimizer} lr={model.lr:g} reg={model.reg:g} d={model.dim}"
+        return " + ".join(one(s, m) for s, m in zip(self.members, self.members_))
+
+    @property
+    def weights(self) -> np.ndarray:
+        w = np.exp(-self.eta * (self.losses - self.losses.min()))
+        return w / w.sum()
+
+    @property
+    def n_skipped_diverged(self) -> int:
+        """Ratings some member set aside as diverging (the most of any member)."""
+        return max(m.n_skipped_diverged for m in self.members_)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.members_) + self.losses.nbytes + self.stats.nbytes
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        return {"losses": self.losses, **{f"member_{j}": np.frombuffer(m.to_bytes(), dtype=np.uint8)
+                                          for j, m in enumerate(self.members_)}}
+
+    def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.losses = arrays["losses"]
+        self.members_ = [type(m).from_bytes(arrays[f"member_{j}"].tobytes())
+                         for j, m in enumerate(self.members_)]
+
+    def hyper(self, epoch: int = 0) -> np.ndarray:
+        """The members schedule their own steps: what the combination passes on is the epoch."""
+        return np.array([float(epoch)])
+
+    def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
+        epoch = int(hp[0])
+        if epoch == 0:  # one pass: every prediction is made before its rating is learned
+            preds = np.stack(self._each(lambda m: m.learn_many(ukeys, ikeys, ratings), len(ratings)))
+            update = np.ones(len(ratings), dtype=np.bool_)
+        else:
+            # from the second epoch on, an error on a rating already learned rewards fitting the
+            # training set: the members stop learning a fixed slice of the pairs (one in
+            # VALIDATION_SLICE, by hash) and the weights follow their errors on it alone
+            update = validation_slice(ukeys, ikeys)
+            preds = np.empty((len(self.members_), len(ratings)))
+            learn = np.flatnonzero(~update)
+
+            def one(m):
+                return (m.learn_many(ukeys[learn], ikeys[learn], ratings[learn], epoch=epoch),
+                        m.predict_many(ukeys[update], ikeys[update]))
+            for j, (learned, held) in enumerate(self._each(one, len(ratings))):
+                preds[j, learn], preds[j, update] = learned, held
+        hedge(preds, ratings, self.losses, self.eta, self.forget, update, self.stats,
+              self.counters, out)
+
+    def _each(self, work, n: int) -> list:
+        """work(member) for every member: in parallel threads for large batches."""
+        if n < PARALLEL_FROM or len(self.members_) == 1:
+            return [work(m) for m in self.members_]
+        return list(_pool().map(work, self.members_))
+
+    def _predict_keys(self, ukeys, ikeys, clip, out) -> None:
+        w = self.weights
+        out[:] = sum(wj * m.predict_many(ukeys, ikeys, clip=clip) for wj, m in zip(w, self.members_))
+        if clip:
+            lo_hi = self.rating_range
+            if lo_hi is not None:
+                np.clip(out, *lo_hi, out=out)
+
+    def score_items(self, user, items) -> np.ndarray:
+        w = self.weights
+        return sum(wj * m.score_items(user, items) for wj, m in zip(w, self.members_))
+
+    def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
+        """Members' vectors side by side (a user's scaled by the members' weights, so that the dot
+        product with an item's is the weighted sum of the members'), biases weighted."""
+        keys = as_keys(ids)
+        w = self.weights
+        parts = [m.factors(keys, family) for m in self.members_]
+        scale = w if family == USER else np.ones_like(w)
+        vectors = np.concatenate([s * v for s, (v, _) in zip(scale, parts)], axis=1)
+        return vectors, sum(wj * b for wj, (_, b) in zip(w, parts))
