@@ -99,6 +99,15 @@ def _update_many(cells, salts, keys, deltas):
         scatter_add(cells, addr, sign, deltas[n])
 
 
+def scatter_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray, deltas: np.ndarray) -> None:
+    """Add ``deltas[n]`` to the vector of ``keys[n]`` in raw ``cells`` (any float dtype, e.g. a
+    float64 copy) addressed by ``salts`` (depth x components): what ``update_many`` does to a
+    sketch's own cells, for holders of cell arrays (model replicas, see ``models.replica``)."""
+    if len(keys):
+        _update_many(cells, np.ascontiguousarray(salts), np.ascontiguousarray(keys, dtype=np.uint64),
+                     np.ascontiguousarray(deltas, dtype=np.float64))
+
+
 class CountSketch(Sketch):
     """A ``depth x width`` float32 count sketch holding d-dimensional vectors per id.
 
