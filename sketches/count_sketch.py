@@ -108,6 +108,15 @@ def scatter_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray, deltas:
                      np.ascontiguousarray(deltas, dtype=np.float64))
 
 
+def gather_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The mean estimates (n, components) of ``keys`` in raw ``cells`` addressed by ``salts``."""
+    out = np.zeros((len(keys), salts.shape[1]), dtype=np.float64)
+    if len(keys):
+        _read_many(cells, np.ascontiguousarray(salts), np.ascontiguousarray(keys, dtype=np.uint64),
+                   False, out)
+    return out
+
+
 class CountSketch(Sketch):
     """A ``depth x width`` float32 count sketch holding d-dimensional vectors per id.
 

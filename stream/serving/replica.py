@@ -4,7 +4,7 @@ delta and adds every other member's deltas to its own replica (issue 20).
 >>> from sketchrec.models import SketchMF
 >>> from sketchrec.stream.serving.recommender import Recommender
 >>> def member():
-...     return Recommender(SketchMF(dim=4, width=512, heavy_fraction=0), pair_capacity=1000, user_capacity=100)
+...     return Recommender(SketchMF(dim=4, width=512), pair_capacity=1000, user_capacity=100)
 >>> a, b = member(), member()
 >>> ta, tb = DeltaTracker(a), DeltaTracker(b)
 >>> _ = a.learn_many(["ann", "bob"], ["film", "book"], [4.0, 2.0])
@@ -69,9 +69,11 @@ class DeltaTracker:
 
     ``member`` names this replica in its deltas (default: a random id); the current state counts
     as published when the tracker is made. ``compress``: "zstd" (default, zlib if zstandard is
-    missing), "zlib" or "none"."""
+    missing), "zlib" or "none". ``admit_after``: sightings in this member's stream after which it
+    announces an id for a heavy slot (``models.fleet_slots``)."""
 
-    def __init__(self, recommender, member: str | None = None, compress: str = "zstd"):
+    def __init__(self, recommender, member: str | None = None, compress: str = "zstd",
+                 admit_after: int = 8):
         if compress not in ("zstd", "zlib", "none"):
             raise ValueError("compress must be zstd, zlib or none")
         self.rec = recommender
@@ -79,7 +81,8 @@ class DeltaTracker:
         self.compress = compress
         self.seq = 0                         # deltas taken so far
         self.applied: dict[str, int] = {}    # member -> last sequence number applied
-        self._model = ModelReplica(recommender.model)
+        self._model = ModelReplica(recommender.model, admit_after)
+        recommender.observers.append(self._model.observe)
         self._params = _params_digest(recommender.model)
         self._mark_serving()
 
