@@ -119,13 +119,15 @@ class FleetSlots:
         pushed out goes to the cells (and to ``bases``, the published copies of the cells,
         alike: every replica does this itself, so it is not published)."""
         h = self.model.heavy
+        new = self.locate(keys, families) < 0
+        keys, families = keys[new], families[new]
         starts = bucket_starts(keys, families, h.n_slots)
         touched = set()
         for key, family, start in zip(keys.tolist(), families.tolist(), starts.tolist()):
             entries = [(int(h.keys[s]), int(h.families[s]), s) for s in range(start, start + WAYS)
                        if h.families[s] != FREE]
             if (key, family) in {(k, f) for k, f, _ in entries}:
-                continue
+                continue  # announced twice in this batch
             if len(entries) < WAYS:
                 slot = next(s for s in range(start, start + WAYS) if h.families[s] == FREE)
             else:

@@ -35,7 +35,8 @@ be applied once: each carries its member's id and a sequence number, and ``apply
 whose sequence number it has already passed for that member (ValueError); deltas of one member
 must therefore be applied in the order they were taken.
 
-Format: ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), then the body: a
+Format: ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), the CRC-32 of the
+uncompressed body (u32, little-endian), then the (compressed) body: a
 ``sketches.serial`` blob (JSON header: member, sequence, model parameters, new catalogue ids,
 caller's ``meta``; then raw little-endian arrays). Compressed when that is smaller.
 """
@@ -174,13 +175,13 @@ def rerank_popular(rec) -> None:
 
 def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     """(header, arrays) of a delta; ValueError (one line) for anything that is not one."""
-    if not isinstance(blob, (bytes, bytearray, memoryview)) or bytes(blob[:4]) != MAGIC or len(blob) < 6:
+    if not isinstance(blob, (bytes, bytearray, memoryview)) or bytes(blob[:4]) != MAGIC or len(blob) < 10:
         raise ValueError("not a sketchrec model delta (bad magic)")
-    version, codec = blob[4], blob[5]
+    version, codec, crc = struct.unpack("<BBI", blob[4:10])
     if version != VERSION:
         raise ValueError(f"unsupported model delta version {version}")
     try:
-        body = bytes(blob[6:])
+        body = bytes(blob[10:])
         if codec == ZSTD:
             if zstandard is None:
                 raise ValueError("zstd-compressed delta but zstandard is not installed")
@@ -189,6 +190,8 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
             body = zlib.decompress(body)
         elif codec != RAW:
             raise ValueError(f"unknown codec {codec}")
+        if zlib.crc32(body) != crc:
+            raise ValueError("checksum mismatch")
         header, arrays = serial.unpack(body, _KIND)
         header["member"], header["seq"], header["items"]  # noqa: B018 (required fields)
     except ValueError as exc:
@@ -206,7 +209,7 @@ def _encode(body: bytes, compress: str) -> bytes:
         codec, packed = ZLIB, zlib.compress(body, 6)
     if len(packed) >= len(body):
         codec, packed = RAW, body
-    return MAGIC + struct.pack("<BB", VERSION, codec) + packed
+    return MAGIC + struct.pack("<BBI", VERSION, codec, zlib.crc32(body)) + packed
 
 
 def _params_digest(model) -> str:
