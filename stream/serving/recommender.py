@@ -105,7 +105,7 @@ class Recommender:
         self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
         self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
         self.catalogue = Catalogue()
-        # called with (user keys, item keys) of every learned batch (stream.serving.replica)
+        # called with the user and item keys of every learned batch's real rows (replica.py)
         self.observers: list = []
         # runtime state, never checkpointed
         self.refresh_s = refresh_s
@@ -133,10 +133,10 @@ class Recommender:
         self.learning.wait()
         users, items = np.asarray(users), np.asarray(items)
         ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)
-        for observe in self.observers:
-            observe(ukeys, ikeys)
         real = real_rows(users)
         users, items, ukeys, ikeys = users[real], items[real], ukeys[real], ikeys[real]
+        for observe in self.observers:
+            observe(ukeys, ikeys)
         self.pairs_seen.add_many(pair_keys(ukeys, ikeys))
         self.users_seen.add_many(ukeys)
         self.popularity.add_many(items, ikeys)

@@ -21,8 +21,10 @@ another member's):
 
 - the model (``models.replica.ModelReplica``): vector and bias cells, heavy-hitter slots per id,
   rating count/sum/range, learned and skipped counters, DP steps;
-- the Bloom filters of seen (user, item) pairs and of users: the bytes that gained bits (merged
-  by OR), the popularity count-min sketch: changed counters (merged by sum) and its total;
+- the serving structures, as the keys learned since the last take: distinct (user, item) pair keys
+  and user keys (the receiver adds them to its Bloom filters: the same bits as an OR of the
+  filters), item keys with their counts (added to the popularity count-min sketch: the same cells
+  as a sum of the sketches, which are not conservative);
 - the item catalogue: ids first seen since the last take (merged by union); the popular-items
   list is then re-ranked from the catalogue by the merged count-min (deterministic: count, then
   key), so replicas with equal sketches and catalogues list the same items.
@@ -51,9 +53,9 @@ import zlib
 
 import numpy as np
 
-from sketchrec.models.replica import ModelReplica, add_entries, changed_entries, entries_of
+from sketchrec.models.replica import ModelReplica
 from sketchrec.sketches import serial
-from sketchrec.sketches.hashing import as_keys
+from sketchrec.sketches.hashing import as_keys, pair_keys
 
 MAGIC, VERSION = b"SKRD", 1
 RAW, ZSTD, ZLIB = 0, 1, 2
@@ -82,16 +84,17 @@ class DeltaTracker:
         self.compress = compress
         self.seq = 0                         # deltas taken so far
         self.applied: dict[str, int] = {}    # member -> last sequence number applied
+        if recommender.popularity.sketch.conservative:
+            raise ValueError("replicas need a plain count-min sketch (conservative updates do not add)")
         self._model = ModelReplica(recommender.model, admit_after)
-        recommender.observers.append(self._model.observe)
         self._params = _params_digest(recommender.model)
-        self._mark_serving()
+        self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
+        self._n_items = len(recommender.catalogue)
+        recommender.observers.append(self._observe)
 
-    def _mark_serving(self) -> None:
-        rec = self.rec
-        self._pairs, self._users = rec.pairs_seen.cells.copy(), rec.users_seen.cells.copy()
-        self._popular, self._total = rec.popularity.sketch.cells.copy(), rec.popularity.sketch.total
-        self._n_items = len(rec.catalogue)
+    def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        self._model.observe(ukeys, ikeys)
+        self._seen.append((ukeys.copy(), ikeys.copy()))
 
     # --- publish ------------------------------------------------------------------------------------
     def take(self, meta: dict | None = None) -> bytes | None:
@@ -99,19 +102,21 @@ class DeltaTracker:
         (JSON-able, e.g. the input offsets the delta covers) travels in its header."""
         rec = self.rec
         arrays = self._model.take()
-        pairs, users = rec.pairs_seen.cells, rec.users_seen.cells
-        arrays.update(_gained_bytes(pairs, self._pairs, "pairs"))
-        arrays.update(_gained_bytes(users, self._users, "users"))
-        sketch = rec.popularity.sketch
-        arrays.update(changed_entries(sketch.cells, self._popular, "popular"))
+        if self._seen:
+            ukeys, ikeys = (np.concatenate(keys) for keys in zip(*self._seen))
+            self._seen = []
+            items, counts = np.unique(ikeys, return_counts=True)
+            arrays.update({"seen_pairs": np.unique(pair_keys(ukeys, ikeys)),
+                           "seen_users": np.unique(ukeys), "seen_items": items,
+                           "seen_counts": counts.astype(np.uint32)})
         ids, _ = rec.catalogue.snapshot()
         new_ids = ids[self._n_items:]
-        if not arrays and not new_ids and sketch.total == self._total:
+        if not arrays and not new_ids:
             return None
         header = {"member": self.member, "seq": self.seq + 1, "params": self._params,
-                  "items": new_ids, "popular_total": sketch.total - self._total, "meta": meta}
+                  "items": new_ids, "meta": meta}
         self.seq += 1
-        self._mark_serving()
+        self._n_items = len(ids)
         rerank_popular(rec)
         return _encode(serial.pack(_KIND, header, arrays), self.compress)
 
@@ -126,18 +131,12 @@ class DeltaTracker:
         if member == self.member or seq <= self.applied.get(member, 0):
             raise ValueError(f"model delta {member}#{seq} already applied (or this member's own)")
         rec = self.rec
-        for name, bloom in (("pairs", rec.pairs_seen), ("users", rec.users_seen)):
-            entries_of(arrays, name, bloom.cells)
+        _check_seen(arrays)
         self._model.apply(arrays)  # checks its own arrays before changing anything
-        for name, bloom, base in (("pairs", rec.pairs_seen, self._pairs),
-                                  ("users", rec.users_seen, self._users)):
-            _or_bytes(bloom.cells, arrays, name)
-            _or_bytes(base, arrays, name)
-        sketch = rec.popularity.sketch
-        add_entries(sketch.cells, arrays, "popular")
-        add_entries(self._popular, arrays, "popular")
-        sketch.total += int(header["popular_total"])
-        self._total += int(header["popular_total"])
+        if "seen_pairs" in arrays:
+            rec.pairs_seen.add_many(arrays["seen_pairs"])
+            rec.users_seen.add_many(arrays["seen_users"])
+            rec.popularity.sketch.add_many(arrays["seen_items"], arrays["seen_counts"])
         items = header["items"]
         if items:
             before = len(rec.catalogue)
@@ -218,22 +217,10 @@ def _params_digest(model) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _gained_bytes(now: np.ndarray, base: np.ndarray, name: str) -> dict[str, np.ndarray]:
-    """Bloom filter bytes that gained bits since the base (a receiver ORs them in)."""
-    changed = np.flatnonzero(now != base)
-    if not len(changed):
-        return {}
-    if len(changed) * 5 < now.size:
-        return {name + ".i": np.diff(changed, prepend=0).astype(np.uint32), name + ".v": now[changed]}
-    return {name + ".d": now.copy()}
-
-
-def _or_bytes(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) -> None:
-    found = entries_of(arrays, name, target)
-    if found is None:
-        return
-    idx, values = found
-    if idx is None:
-        target |= values
-    else:
-        target[idx] |= values
+def _check_seen(arrays: dict[str, np.ndarray]) -> None:
+    names = ("seen_pairs", "seen_users", "seen_items", "seen_counts")
+    present = [name in arrays for name in names]
+    if any(present) and (not all(present) or any(arrays[n].ndim != 1 for n in names)
+                         or arrays["seen_items"].shape != arrays["seen_counts"].shape
+                         or any(arrays[n].dtype != np.uint64 for n in names[:3])):
+        raise ValueError("delta's serving keys are malformed")
