@@ -73,15 +73,19 @@ class FleetSlots:
     def held(self) -> np.ndarray:
         return np.flatnonzero(self.model.heavy.families != FREE)
 
-    def harvest(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(keys, families, rows) of local learning on held ids since the last refresh; added to S."""
+    def harvest(self, dtype=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, families, rows) of local learning on held ids since the last refresh, as
+        ``dtype`` (default float32); added to S (rounding stays local, for the next harvest)."""
         h = self.model.heavy
         slots = self.held()
         change = h.cells[slots] - self.view[slots]
+        if dtype is not None:
+            change = change.astype(dtype)
         moved = np.flatnonzero(change.any(axis=1))
         slots, change = slots[moved], change[moved]
         self.S[slots] += change
-        self.view[slots] += change
+        # float32: the view becomes the slot (view + change may differ in its last bit)
+        self.view[slots] = h.cells[slots] if dtype is None else self.view[slots] + change
         return h.keys[slots].copy(), h.families[slots].copy(), change
 
     def refresh(self) -> None:

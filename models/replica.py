@@ -26,42 +26,57 @@ from sketchrec.models.base import ITEM
 from sketchrec.models.fleet_slots import FleetSlots
 
 
-def changed_entries(now: np.ndarray, base: np.ndarray, name: str) -> dict[str, np.ndarray]:
-    """``now - base`` where it is nonzero: sparse (``name.i`` gaps between flat indices, uint32,
-    which compress well; ``name.v`` values) or dense (``name.d``) when that is smaller; {} when
-    nothing changed.
+def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None) -> dict[str, np.ndarray]:
+    """The entries where ``now`` differs from ``base``, as ``dtype`` (default: the arrays' own):
+    sparse (``name.i`` gaps between flat indices, uint32, which compress well; ``name.v`` values)
+    or dense (``name.d``) when that is smaller; {} when nothing changed. ``base`` becomes ``now``;
+    when ``dtype`` rounds, only the values published are added to it, so that what they do not
+    carry goes out with the next delta (base + (now - base) may differ from now in the last bit
+    of a float32: that much is not worth a message of its own).
 
-    >>> changed_entries(np.array([1., 5., 1., 1.]), np.ones(4), "x")
-    {'x.i': array([1], dtype=uint32), 'x.v': array([4.])}
+    >>> base = np.ones(4)
+    >>> publish(np.array([1., 5., 1., 1.]), base, "x"), base
+    ({'x.i': array([1], dtype=uint32), 'x.v': array([4.])}, array([1., 5., 1., 1.]))
     """
     diff = (now - base).reshape(-1)
+    if dtype is not None:
+        diff = diff.astype(dtype)
     idx = np.flatnonzero(diff)
     if not len(idx):
         return {}
+    if dtype is None:
+        base[...] = now
+    else:
+        flat = base.reshape(-1)  # a view: the state arrays are contiguous
+        flat[idx] += diff[idx]
     if len(idx) * (4 + diff.itemsize) < diff.nbytes:
         return {name + ".i": np.diff(idx, prepend=0).astype(np.uint32), name + ".v": diff[idx]}
     return {name + ".d": diff}
 
 
 def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
-    """(flat indices or None for dense, values) of ``changed_entries`` output, checked against
+    """(flat indices or None for dense, values) of ``publish`` output, checked against
     the array they apply to; None when the delta has none. Raises ValueError on a mismatch."""
     if name + ".d" in arrays:
         values = arrays[name + ".d"]
-        if values.shape != (like.size,) or values.dtype != like.dtype:
+        if values.shape != (like.size,) or not _fits(values, like):
             raise ValueError(f"delta's {name} does not fit this model (shape or dtype)")
         return None, values
     if name + ".i" not in arrays:
         return None
     idx = np.cumsum(arrays[name + ".i"], dtype=np.int64)
     values = arrays[name + ".v"]
-    if values.shape != idx.shape or values.dtype != like.dtype or (len(idx) and idx[-1] >= like.size):
+    if values.shape != idx.shape or not _fits(values, like) or (len(idx) and idx[-1] >= like.size):
         raise ValueError(f"delta's {name} does not fit this model (indices or dtype)")
     return idx, values
 
 
+def _fits(values: np.ndarray, like: np.ndarray) -> bool:
+    return values.dtype == like.dtype or (values.dtype == np.float16 and like.dtype == np.float32)
+
+
 def add_entries(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) -> None:
-    """target += the entries ``changed_entries`` wrote under ``name`` (in place)."""
+    """target += the entries ``publish`` wrote under ``name`` (in place)."""
     found = entries_of(arrays, name, target)
     if found is None:
         return
@@ -75,7 +90,11 @@ def add_entries(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) ->
 
 class ModelReplica:
     """The published state of one ``SketchMF`` and the delta arithmetic on it (see module doc).
-    ``admit_after``: local sightings after which an id is announced for a heavy slot.
+    ``admit_after``: local sightings after which an id is announced for a heavy slot;
+    ``precision`` of the published cell and slot changes: "float32" (the cells' own) or
+    "float16" (half the bytes; each delta carries the rounding left by the previous one, so
+    nothing is lost: a member's replica runs ahead of the published state by < 2^-11 of its
+    last changes, and takes without new learning shrink that by 2^-11 each).
 
     >>> from sketchrec.models import SketchMF
     >>> a, b = SketchMF(dim=4, width=512, heavy_slots=16), SketchMF(dim=4, width=512, heavy_slots=16)
@@ -86,7 +105,10 @@ class ModelReplica:
     (2, 3.5, {})
     """
 
-    def __init__(self, model, admit_after: int = 8):
+    def __init__(self, model, admit_after: int = 8, precision: str = "float32"):
+        if precision not in ("float32", "float16"):
+            raise ValueError("precision must be float32 or float16")
+        self.dtype = np.float16 if precision == "float16" else None
         if not hasattr(model, "heavy") or not hasattr(model, "vectors"):
             raise TypeError(f"replicas need a SketchMF, not {type(model).__name__}")
         self.model = model
@@ -106,18 +128,17 @@ class ModelReplica:
         m = self.model
         out: dict[str, np.ndarray] = {}
         if self.slots is not None:
-            keys, families, rows = self.slots.harvest()
+            keys, families, rows = self.slots.harvest(self.dtype)
             if len(keys):
                 out.update({"slot_keys": keys, "slot_families": families, "slot_rows": rows})
-        out.update(changed_entries(m.vectors.cells, self._cells, "cells"))
-        out.update(changed_entries(m.biases.cells, self._bias, "bias"))
-        out.update(changed_entries(m.counters, self._counters, "counters"))
-        out.update(changed_entries(m.dp_steps, self._dp_steps, "dp_steps"))
+        out.update(publish(m.vectors.cells, self._cells, "cells", self.dtype))
+        out.update(publish(m.biases.cells, self._bias, "bias", self.dtype))
+        out.update(publish(m.counters, self._counters, "counters"))
+        out.update(publish(m.dp_steps, self._dp_steps, "dp_steps"))
         if m.stats[COUNT] != self._stats[COUNT] or m.stats[TOTAL] != self._stats[TOTAL]:
             out["stats"] = np.array([m.stats[COUNT] - self._stats[COUNT],
                                      m.stats[TOTAL] - self._stats[TOTAL], m.stats[RMIN], m.stats[RMAX]])
-        self._cells[...], self._bias[...] = m.vectors.cells, m.biases.cells
-        self._stats[...], self._counters[...], self._dp_steps[...] = m.stats, m.counters, m.dp_steps
+            merge_stats(self._stats, out["stats"])
         if self.slots is not None and self.slots.pending:
             keys, families = np.array(self.slots.pending, dtype=np.uint64).reshape(-1, 2).T
             self.slots.pending = []
@@ -167,7 +188,8 @@ class ModelReplica:
             keys, families = arrays[prefix + "_keys"], arrays[prefix + "_families"]
             if (keys.dtype != np.uint64 or families.shape != keys.shape or keys.ndim != 1
                     or families.dtype != np.uint8 or (families > ITEM).any()
-                    or (width and arrays["slot_rows"].shape != (len(keys), width))):
+                    or (width and (arrays["slot_rows"].shape != (len(keys), width)
+                                   or arrays["slot_rows"].dtype not in (np.float32, np.float16)))):
                 raise ValueError(f"delta's {prefix} ids do not fit this model")
 
 

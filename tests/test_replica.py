@@ -141,3 +141,24 @@ def test_a_bad_blob_is_one_clear_error_and_changes_nothing(stream, damage):
         tb.apply(bad)
     assert "\n" not in str(err.value) and "delta" in str(err.value)
     assert tb.state_digest() == before
+
+
+def test_half_precision_deltas_are_smaller_and_lose_nothing_after_a_flush(stream):
+    users, items, ratings = stream
+    replicas = {p: (recommender(), recommender()) for p in ("float32", "float16")}
+    sizes = {}
+    for precision, (a, b) in replicas.items():
+        ta, tb = DeltaTracker(a, precision=precision), DeltaTracker(b, precision=precision)
+        for start in (0, 2000):  # the second round updates ids that now hold heavy slots
+            a.learn_many(users[start:start + 2000], items[start:start + 2000],
+                         ratings[start:start + 2000])
+            blob = ta.take()
+            sizes[precision] = len(blob)
+            tb.apply(blob)
+        flush = ta.take()  # the rounding the float16 deltas left behind
+        assert (flush is None) == (precision == "float32")
+        if flush is not None:
+            tb.apply(flush)
+        np.testing.assert_allclose(b.predict_many(users[:1000], items[:1000]),
+                                   a.predict_many(users[:1000], items[:1000]), rtol=0, atol=1e-6)
+    assert sizes["float16"] < 0.75 * sizes["float32"]

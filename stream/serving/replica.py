@@ -73,10 +73,11 @@ class DeltaTracker:
     ``member`` names this replica in its deltas (default: a random id); the current state counts
     as published when the tracker is made. ``compress``: "zstd" (default, zlib if zstandard is
     missing), "zlib" or "none". ``admit_after``: sightings in this member's stream after which it
-    announces an id for a heavy slot (``models.fleet_slots``)."""
+    announces an id for a heavy slot (``models.fleet_slots``). ``precision``: of the published
+    cell and slot changes, "float32" or "float16" (see ``models.replica.ModelReplica``)."""
 
     def __init__(self, recommender, member: str | None = None, compress: str = "zstd",
-                 admit_after: int = 8):
+                 admit_after: int = 8, precision: str = "float32"):
         if compress not in ("zstd", "zlib", "none"):
             raise ValueError("compress must be zstd, zlib or none")
         self.rec = recommender
@@ -86,7 +87,7 @@ class DeltaTracker:
         self.applied: dict[str, int] = {}    # member -> last sequence number applied
         if recommender.popularity.sketch.conservative:
             raise ValueError("replicas need a plain count-min sketch (conservative updates do not add)")
-        self._model = ModelReplica(recommender.model, admit_after)
+        self._model = ModelReplica(recommender.model, admit_after, precision)
         self._params = _params_digest(recommender.model)
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
         self._n_items = len(recommender.catalogue)
