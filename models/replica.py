@@ -138,7 +138,7 @@ class ModelReplica:
         if m.stats[COUNT] != self._stats[COUNT] or m.stats[TOTAL] != self._stats[TOTAL]:
             out["stats"] = np.array([m.stats[COUNT] - self._stats[COUNT],
                                      m.stats[TOTAL] - self._stats[TOTAL], m.stats[RMIN], m.stats[RMAX]])
-            merge_stats(self._stats, out["stats"])
+            self._stats[...] = m.stats
         if self.slots is not None and self.slots.pending:
             keys, families = np.array(self.slots.pending, dtype=np.uint64).reshape(-1, 2).T
             self.slots.pending = []

@@ -28,8 +28,9 @@ def recommender(**kw) -> Recommender:
 @pytest.fixture(scope="module")
 def fleet(stream):
     """Three members on disjoint users (as Kafka partitions keyed by user), a serving replica,
-    and one learner on the whole stream; deltas exchanged every SYNC ratings, applied by each
-    receiver in its own random order."""
+    and one learner on the whole stream. Every SYNC ratings each member learns its share, applies
+    the deltas of the round before in its own random order (on top of what it has not yet
+    published), then takes its own; a last round applies the last deltas."""
     users, items, ratings = stream
     members = [recommender() for _ in range(MEMBERS)]
     serving, single = recommender(), recommender()
@@ -38,15 +39,16 @@ def fleet(stream):
     rng = np.random.default_rng(5)
     part = users.astype(np.int64) % MEMBERS
     predictions = np.empty(len(ratings))
-    for start in range(0, len(ratings), SYNC):
-        for k, member in enumerate(members):
-            rows = np.flatnonzero(part[start:start + SYNC] == k) + start
-            predictions[rows] = member.learn_many(users[rows], items[rows], ratings[rows])
-        blobs = [(k, t.take()) for k, t in enumerate(trackers)]
+    blobs = []
+    for start in [*range(0, len(ratings), SYNC), None]:
         for k, tracker in enumerate(trackers + [reader]):
+            if start is not None and k < MEMBERS:
+                rows = np.flatnonzero(part[start:start + SYNC] == k) + start
+                predictions[rows] = members[k].learn_many(users[rows], items[rows], ratings[rows])
             for n in rng.permutation(len(blobs)):
-                if blobs[n][0] != k and blobs[n][1] is not None:
+                if blobs[n][0] != k:
                     tracker.apply(blobs[n][1])
+        blobs = [(k, t.take()) for k, t in enumerate(trackers)] if start is not None else []
     single_predictions = single.learn_many(users, items, ratings)
     return members + [serving], trackers + [reader], predictions, single, single_predictions
 

@@ -105,7 +105,8 @@ class DeltaTracker:
         self._model = ModelReplica(recommender.model, admit_after, precision)
         self._params = _params_digest(recommender.model)
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
-        self._n_items = len(recommender.catalogue)
+        self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
+        self._received: set = set()                    # items after that which came by apply
         recommender.observers.append(self._observe)
 
     def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
@@ -126,7 +127,8 @@ class DeltaTracker:
                            "seen_users": np.unique(ukeys), "seen_items": items,
                            "seen_counts": counts.astype(np.uint32)})
         ids, _ = rec.catalogue.snapshot()
-        new_ids = ids[self._n_items:]
+        new_ids = [i for i in ids[self._n_items:] if i not in self._received]
+        self._received = set()
         if not arrays and not new_ids:
             return None
         header = {"member": self.member, "seq": self.seq + 1, "params": self._params,
@@ -159,7 +161,7 @@ class DeltaTracker:
             before = len(rec.catalogue)
             cat = np.array(items, dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
-            self._n_items += len(rec.catalogue) - before  # ours to publish: none of them
+            self._received.update(rec.catalogue.snapshot()[0][before:])  # not ours to publish
         self.applied[member] = seq
         if "seen_items" in arrays:
             rerank_popular(rec)
