@@ -55,9 +55,10 @@ class FleetSlots:
         self._sightings = CountMinSketch(width=2 * n, depth=3, seed=7)
         self._announced = BloomFilter(4 * n, 0.01, seed=8)
         self.pending: list[tuple[int, int]] = []   # (key, family) announced, not yet published
+        self.spilled: list[tuple[int, int]] = []   # evicted with unpublished changes (to cells)
 
     # --- local stream -------------------------------------------------------------------------------
-    def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+    def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:  # real rows only
         """Count a learned batch's ids; those seen ``admit_after`` times are to be announced."""
         for family, keys in ((USER, ukeys), (ITEM, ikeys)):
             salted = np.unique(np.asarray(keys, dtype=np.uint64)) ^ _FAMILY_SALT[family]
@@ -80,11 +81,12 @@ class FleetSlots:
     def held(self) -> np.ndarray:
         return np.flatnonzero(self.model.heavy.families != FREE)
 
-    def harvest(self, dtype=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def harvest(self, dtype=None, slots: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(keys, families, rows) of local learning on held ids since the last refresh, as
-        ``dtype`` (default float32); added to S (rounding stays local, for the next harvest)."""
+        ``dtype`` (default float32); added to S (rounding stays local, for the next harvest).
+        ``slots``: the held slots that can have changed (default: all)."""
         h = self.model.heavy
-        slots = self.held()
+        slots = self.held() if slots is None else slots
         change = h.cells[slots] - self.view[slots]
         if dtype is not None:
             change = change.astype(dtype)
@@ -157,6 +159,8 @@ class FleetSlots:
         m, h = self.model, self.model.heavy
         key, family = h.keys[slot:slot + 1], int(h.families[slot])
         local = h.cells[slot] - self.view[slot]   # not yet published: goes out as a cell delta
+        if local.any():
+            self.spilled.append((int(key[0]), family))
         salts, bsalts = m.store.salts[family], m.store.bias_salts[family]
         light = salts.shape[1]
         for cells, bias, row in ((m.vectors.cells, m.biases.cells, self.S[slot] + local),

@@ -22,36 +22,44 @@ from __future__ import annotations
 import numpy as np
 
 from sketchrec.models._sgd import COUNT, RMAX, RMIN, TOTAL
-from sketchrec.models.base import ITEM
+from sketchrec.models.base import ITEM, USER
 from sketchrec.models.fleet_slots import FleetSlots
+from sketchrec.sketches.count_sketch import cell_indices
+
+FAMILIES = (USER, ITEM)
 
 
-def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None) -> dict[str, np.ndarray]:
+def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
+            where: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The entries where ``now`` differs from ``base``, as ``dtype`` (default: the arrays' own):
     sparse (``name.i`` gaps between flat indices, uint32, which compress well; ``name.v`` values)
-    or dense (``name.d``) when that is smaller; {} when nothing changed. ``base`` becomes ``now``;
-    when ``dtype`` rounds, only the values published are added to it, so that what they do not
-    carry goes out with the next delta (base + (now - base) may differ from now in the last bit
-    of a float32: that much is not worth a message of its own).
+    or dense (``name.d``) when that is smaller; {} when nothing changed. ``where`` (sorted flat
+    indices) limits the comparison to the entries that can have changed. ``base`` becomes
+    ``now``; when ``dtype`` rounds, only the values published are added to it, so that what they
+    do not carry goes out with the next delta.
 
     >>> base = np.ones(4)
     >>> publish(np.array([1., 5., 1., 1.]), base, "x"), base
     ({'x.i': array([1], dtype=uint32), 'x.v': array([4.])}, array([1., 5., 1., 1.]))
     """
-    diff = (now - base).reshape(-1)
+    flat_now, flat_base = now.reshape(-1), base.reshape(-1)  # views: the arrays are contiguous
+    where = np.arange(flat_now.size) if where is None else where
+    diff = flat_now[where] - flat_base[where]
     if dtype is not None:
         diff = diff.astype(dtype)
-    idx = np.flatnonzero(diff)
+    moved = np.flatnonzero(diff)
+    idx, values = where[moved], diff[moved]
     if not len(idx):
         return {}
     if dtype is None:
-        base[...] = now
+        flat_base[idx] = flat_now[idx]
     else:
-        flat = base.reshape(-1)  # a view: the state arrays are contiguous
-        flat[idx] += diff[idx]
-    if len(idx) * (4 + diff.itemsize) < diff.nbytes:
-        return {name + ".i": np.diff(idx, prepend=0).astype(np.uint32), name + ".v": diff[idx]}
-    return {name + ".d": diff}
+        flat_base[idx] += values
+    if len(idx) * (4 + values.itemsize) < flat_now.size * values.itemsize:
+        return {name + ".i": np.diff(idx, prepend=0).astype(np.uint32), name + ".v": values}
+    dense = np.zeros(flat_now.size, dtype=values.dtype)
+    dense[idx] = values
+    return {name + ".d": dense}
 
 
 def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
@@ -105,7 +113,8 @@ class ModelReplica:
     (2, 3.5, {})
     """
 
-    def __init__(self, model, admit_after: int = 8, precision: str = "float32"):
+    def __init__(self, model, admit_after: int = 8, precision: str = "float32",
+                 tracked: bool = False):
         if precision not in ("float32", "float16"):
             raise ValueError("precision must be float32 or float16")
         self.dtype = np.float16 if precision == "float16" else None
@@ -116,6 +125,46 @@ class ModelReplica:
         m = model
         self._cells, self._bias = m.vectors.cells.copy(), m.biases.cells.copy()
         self._stats, self._counters, self._dp_steps = m.stats.copy(), m.counters.copy(), m.dp_steps.copy()
+        # tracked: every learned batch's keys come through touched(), so a take compares only the
+        # cells and slots they address (DP-SGD puts noise on every cell: always a full pass)
+        self._touched: list | None = [] if tracked and getattr(m, "dp", None) is None else None
+        # float16: where the last take left rounding behind (compared again at the next take)
+        self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
+
+    def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        """Record the ids of a learned batch (all rows, canaries included) for ``tracked``."""
+        if self._touched is not None:
+            self._touched.append((ukeys, ikeys))
+
+    def _where(self) -> tuple:
+        """(cell indices, bias indices, held slots) the ids touched since the last take address;
+        (None, None, None): everything."""
+        if self._touched is None:
+            if self.slots is not None:
+                self.slots.spilled = []  # a full pass finds them anyway
+            return None, None, None
+        m = self.model
+        if self.slots is not None and self.slots.spilled:  # their unpublished part is in the cells
+            keys, families = np.array(self.slots.spilled, dtype=np.uint64).reshape(-1, 2).T
+            self.slots.spilled = []
+            self._touched.append(tuple(keys[families == f] for f in FAMILIES))
+        keys = [_distinct(np.concatenate([t[f] for t in self._touched] or [np.empty(0, np.uint64)]))
+                for f in FAMILIES]
+        self._touched = []
+        where = []
+        for cells, salts, carried in ((m.vectors.cells, m.store.salts, self._carry[0]),
+                                      (m.biases.cells, m.store.bias_salts, self._carry[1])):
+            mask = np.zeros(cells.size, dtype=bool)  # a pass over a bitmap beats sorting indices
+            for f in FAMILIES:
+                mask[cell_indices(salts[f], keys[f], cells.shape[1])] = True
+            mask[carried] = True
+            where.append(np.flatnonzero(mask))
+        slots = None
+        if self.slots is not None:
+            slots = np.concatenate([self.slots.locate(keys[f], np.full(len(keys[f]), f, np.uint8))
+                                    for f in FAMILIES] + [self.slots.locate(*self._carry[2:])])
+            slots = _distinct(slots[slots >= 0])
+        return where[0], where[1], slots
 
     def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
         """Count a learned batch's ids (heavy-slot announcements); a no-op without slots."""
@@ -127,12 +176,17 @@ class ModelReplica:
         """The arrays of everything learned since the base ({} if nothing); the base moves to now."""
         m = self.model
         out: dict[str, np.ndarray] = {}
+        cells, bias, slots = self._where()
         if self.slots is not None:
-            keys, families, rows = self.slots.harvest(self.dtype)
+            keys, families, rows = self.slots.harvest(self.dtype, slots)
             if len(keys):
                 out.update({"slot_keys": keys, "slot_families": families, "slot_rows": rows})
-        out.update(publish(m.vectors.cells, self._cells, "cells", self.dtype))
-        out.update(publish(m.biases.cells, self._bias, "bias", self.dtype))
+        out.update(publish(m.vectors.cells, self._cells, "cells", self.dtype, cells))
+        out.update(publish(m.biases.cells, self._bias, "bias", self.dtype, bias))
+        if self.dtype is not None and self._touched is not None:
+            self._carry = (_indices(out, "cells"), _indices(out, "bias"),
+                           out.get("slot_keys", np.empty(0, np.uint64)),
+                           out.get("slot_families", np.empty(0, np.uint8)))
         out.update(publish(m.counters, self._counters, "counters"))
         out.update(publish(m.dp_steps, self._dp_steps, "dp_steps"))
         if m.stats[COUNT] != self._stats[COUNT] or m.stats[TOTAL] != self._stats[TOTAL]:
@@ -191,6 +245,19 @@ class ModelReplica:
                     or (width and (arrays["slot_rows"].shape != (len(keys), width)
                                    or arrays["slot_rows"].dtype not in (np.float32, np.float16)))):
                 raise ValueError(f"delta's {prefix} ids do not fit this model")
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique's hash path is slow on uint64/int64 keys)."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values
+
+
+def _indices(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """The flat indices ``publish`` wrote under ``name``."""
+    if name + ".d" in arrays:
+        return np.flatnonzero(arrays[name + ".d"])
+    return np.cumsum(arrays[name + ".i"], dtype=np.int64) if name + ".i" in arrays else np.empty(0, np.int64)
 
 
 def merge_stats(stats: np.ndarray, delta: np.ndarray) -> None:

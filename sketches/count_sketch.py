@@ -108,6 +108,26 @@ def scatter_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray, deltas:
                      np.ascontiguousarray(deltas, dtype=np.float64))
 
 
+@njit(nogil=True, cache=True)
+def _cell_indices(salts, keys, width, out):
+    k, d = salts.shape
+    addr = np.empty((k, d), dtype=np.int64)
+    sign = np.empty((k, d), dtype=np.float64)
+    for n in range(keys.shape[0]):
+        locate(salts, keys[n], width, addr, sign)
+        for j in range(k):
+            for l in range(d):
+                out[n, j * d + l] = j * width + addr[j, l]
+
+
+def cell_indices(salts: np.ndarray, keys: np.ndarray, width: int) -> np.ndarray:
+    """Flat indices (into ``depth x width`` cells) of the cells that hold the keys' components
+    under ``salts``: where an update of those keys can have written (with repeats)."""
+    out = np.empty((len(keys), salts.shape[0] * salts.shape[1]), dtype=np.int64)
+    _cell_indices(np.ascontiguousarray(salts), np.ascontiguousarray(keys, dtype=np.uint64), width, out)
+    return out.reshape(-1)
+
+
 def gather_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """The mean estimates (n, components) of ``keys`` in raw ``cells`` addressed by ``salts``."""
     out = np.zeros((len(keys), salts.shape[1]), dtype=np.float64)

@@ -102,14 +102,17 @@ class DeltaTracker:
         self.applied: dict[str, int] = {}    # member -> last sequence number applied
         if recommender.popularity.sketch.conservative:
             raise ValueError("replicas need a plain count-min sketch (conservative updates do not add)")
-        self._model = ModelReplica(recommender.model, admit_after, precision)
+        self._model = ModelReplica(recommender.model, admit_after, precision, tracked=True)
         self._params = _params_digest(recommender.model)
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
         self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
         self._received: set = set()                    # items after that which came by apply
         recommender.observers.append(self._observe)
 
-    def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+    def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
+        """A learned batch: every row moved the model, the real ones (no canaries) also serve."""
+        self._model.touched(ukeys.copy(), ikeys.copy())
+        ukeys, ikeys = ukeys[real], ikeys[real]
         self._model.observe(ukeys, ikeys)
         self._seen.append((ukeys.copy(), ikeys.copy()))
 
