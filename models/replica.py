@@ -7,8 +7,8 @@ vector and bias cells, the rating count and sum, the learned/skipped counters, t
 count. A ``ModelReplica`` keeps a copy of the state it last published (its *base*); ``take``
 returns ``now - base`` (only the entries that changed) and moves the base to now; ``apply`` adds
 another replica's delta to the model and to the base alike, so it is not published again. A take
-costs one pass over the arrays (O(cells)); tracking dirty cells in the kernels would make it
-O(changed cells) if that ever matters.
+compares every entry (O(cells)), or with ``tracked`` only the cells and slots that the ids learned
+since the last take address (O(ratings x depth x d) plus a bitmap pass over the cells).
 
 The heavy-hitter slots are not additive in a single learner (an id's admission is a local
 decision that moves its estimate out of the cells); a replica runs them in fleet mode
