@@ -99,6 +99,44 @@ def _update_many(cells, salts, keys, deltas):
         scatter_add(cells, addr, sign, deltas[n])
 
 
+def scatter_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray, deltas: np.ndarray) -> None:
+    """Add ``deltas[n]`` to the vector of ``keys[n]`` in raw ``cells`` (any float dtype, e.g. a
+    float64 copy) addressed by ``salts`` (depth x components): what ``update_many`` does to a
+    sketch's own cells, for holders of cell arrays (model replicas, see ``models.replica``)."""
+    if len(keys):
+        _update_many(cells, np.ascontiguousarray(salts), np.ascontiguousarray(keys, dtype=np.uint64),
+                     np.ascontiguousarray(deltas, dtype=np.float64))
+
+
+@njit(nogil=True, cache=True)
+def _cell_indices(salts, keys, width, out):
+    k, d = salts.shape
+    addr = np.empty((k, d), dtype=np.int64)
+    sign = np.empty((k, d), dtype=np.float64)
+    for n in range(keys.shape[0]):
+        locate(salts, keys[n], width, addr, sign)
+        for j in range(k):
+            for l in range(d):
+                out[n, j * d + l] = j * width + addr[j, l]
+
+
+def cell_indices(salts: np.ndarray, keys: np.ndarray, width: int) -> np.ndarray:
+    """Flat indices (into ``depth x width`` cells) of the cells that hold the keys' components
+    under ``salts``: where an update of those keys can have written (with repeats)."""
+    out = np.empty((len(keys), salts.shape[0] * salts.shape[1]), dtype=np.int64)
+    _cell_indices(np.ascontiguousarray(salts), np.ascontiguousarray(keys, dtype=np.uint64), width, out)
+    return out.reshape(-1)
+
+
+def gather_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The mean estimates (n, components) of ``keys`` in raw ``cells`` addressed by ``salts``."""
+    out = np.zeros((len(keys), salts.shape[1]), dtype=np.float64)
+    if len(keys):
+        _read_many(cells, np.ascontiguousarray(salts), np.ascontiguousarray(keys, dtype=np.uint64),
+                   False, out)
+    return out
+
+
 class CountSketch(Sketch):
     """A ``depth x width`` float32 count sketch holding d-dimensional vectors per id.
 

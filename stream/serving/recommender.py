@@ -105,6 +105,8 @@ class Recommender:
         self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
         self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
         self.catalogue = Catalogue()
+        # called with every learned batch's user and item keys and its real rows (replica.py)
+        self.observers: list = []
         # runtime state, never checkpointed
         self.refresh_s = refresh_s
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
@@ -132,6 +134,8 @@ class Recommender:
         users, items = np.asarray(users), np.asarray(items)
         ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)
         real = real_rows(users)
+        for observe in self.observers:
+            observe(ukeys, ikeys, real)
         users, items, ukeys, ikeys = users[real], items[real], ukeys[real], ikeys[real]
         self.pairs_seen.add_many(pair_keys(ukeys, ikeys))
         self.users_seen.add_many(ukeys)

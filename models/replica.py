@@ -1,0 +1,270 @@
+"""Deltas of a ``SketchMF``'s learned state: what one replica learned since its last report, as
+arrays that any replica of the same configuration adds to its own (issue 20: a fleet of learners
+sharing one model).
+
+An SGD step on a count sketch is an addition to its cells, so most of a model is additive: the
+vector and bias cells, the rating count and sum, the learned/skipped counters, the DP step
+count. A ``ModelReplica`` keeps a copy of the state it last published (its *base*); ``take``
+returns ``now - base`` (only the entries that changed) and moves the base to now; ``apply`` adds
+another replica's delta to the model and to the base alike, so it is not published again. A take
+compares every entry (O(cells)), or with ``tracked`` only the cells and slots that the ids learned
+since the last take address (O(ratings x depth x d) plus a bitmap pass over the cells).
+
+The heavy-hitter slots are not additive in a single learner (an id's admission is a local
+decision that moves its estimate out of the cells); a replica runs them in fleet mode
+(``models.fleet_slots``): membership decided by announcements that every replica applies alike,
+a slot holding a residual on top of the id's sketch estimate. A delta then carries the cells'
+changes, the per-id residual changes of held ids and the ids announced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sketchrec.models._sgd import COUNT, RMAX, RMIN, TOTAL
+from sketchrec.models.base import ITEM, USER
+from sketchrec.models.fleet_slots import FleetSlots
+from sketchrec.sketches.count_sketch import cell_indices
+
+FAMILIES = (USER, ITEM)
+
+
+def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
+            where: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The entries where ``now`` differs from ``base``, as ``dtype`` (default: the arrays' own):
+    sparse (``name.i`` gaps between flat indices, uint32, which compress well; ``name.v`` values)
+    or dense (``name.d``) when that is smaller; {} when nothing changed. ``where`` (sorted flat
+    indices) limits the comparison to the entries that can have changed. ``base`` becomes
+    ``now``; when ``dtype`` rounds, only the values published are added to it, so that what they
+    do not carry goes out with the next delta.
+
+    >>> base = np.ones(4)
+    >>> publish(np.array([1., 5., 1., 1.]), base, "x"), base
+    ({'x.i': array([1], dtype=uint32), 'x.v': array([4.])}, array([1., 5., 1., 1.]))
+    """
+    flat_now, flat_base = now.reshape(-1), base.reshape(-1)  # views: the arrays are contiguous
+    where = np.arange(flat_now.size) if where is None else where
+    diff = flat_now[where] - flat_base[where]
+    if dtype is not None:
+        diff = diff.astype(dtype)
+    moved = np.flatnonzero(diff)
+    idx, values = where[moved], diff[moved]
+    if not len(idx):
+        return {}
+    if dtype is None:
+        flat_base[idx] = flat_now[idx]
+    else:
+        flat_base[idx] += values
+    if len(idx) * (4 + values.itemsize) < flat_now.size * values.itemsize:
+        return {name + ".i": np.diff(idx, prepend=0).astype(np.uint32), name + ".v": values}
+    dense = np.zeros(flat_now.size, dtype=values.dtype)
+    dense[idx] = values
+    return {name + ".d": dense}
+
+
+def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
+    """(flat indices or None for dense, values) of ``publish`` output, checked against
+    the array they apply to; None when the delta has none. Raises ValueError on a mismatch."""
+    if name + ".d" in arrays:
+        values = arrays[name + ".d"]
+        if values.shape != (like.size,) or not _fits(values, like):
+            raise ValueError(f"delta's {name} does not fit this model (shape or dtype)")
+        return None, values
+    if name + ".i" not in arrays:
+        return None
+    idx = np.cumsum(arrays[name + ".i"], dtype=np.int64)
+    values = arrays[name + ".v"]
+    if values.shape != idx.shape or not _fits(values, like) or (len(idx) and idx[-1] >= like.size):
+        raise ValueError(f"delta's {name} does not fit this model (indices or dtype)")
+    return idx, values
+
+
+def _fits(values: np.ndarray, like: np.ndarray) -> bool:
+    return values.dtype == like.dtype or (values.dtype == np.float16 and like.dtype == np.float32)
+
+
+def add_entries(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) -> None:
+    """target += the entries ``publish`` wrote under ``name`` (in place)."""
+    found = entries_of(arrays, name, target)
+    if found is None:
+        return
+    idx, values = found
+    flat = target.reshape(-1)  # a view: the state arrays are contiguous
+    if idx is None:
+        flat += values
+    else:
+        flat[idx] += values
+
+
+class ModelReplica:
+    """The published state of one ``SketchMF`` and the delta arithmetic on it (see module doc).
+    ``admit_after``: local sightings after which an id is announced for a heavy slot;
+    ``precision`` of the published cell and slot changes: "float32" (the cells' own) or
+    "float16" (half the bytes; each delta carries the rounding left by the previous one, so
+    nothing is lost: a member's replica runs ahead of the published state by < 2^-11 of its
+    last changes, and takes without new learning shrink that by 2^-11 each).
+
+    >>> from sketchrec.models import SketchMF
+    >>> a, b = SketchMF(dim=4, width=512, heavy_slots=16), SketchMF(dim=4, width=512, heavy_slots=16)
+    >>> ra, rb = ModelReplica(a), ModelReplica(b)
+    >>> _ = a.learn_many([1, 2], [7, 7], [4.0, 3.0])
+    >>> rb.apply(ra.take())
+    >>> b.n_learned, float(b.global_mean), ra.take()
+    (2, 3.5, {})
+    """
+
+    def __init__(self, model, admit_after: int = 8, precision: str = "float32",
+                 tracked: bool = False):
+        if precision not in ("float32", "float16"):
+            raise ValueError("precision must be float32 or float16")
+        self.dtype = np.float16 if precision == "float16" else None
+        if not hasattr(model, "heavy") or not hasattr(model, "vectors"):
+            raise TypeError(f"replicas need a SketchMF, not {type(model).__name__}")
+        self.model = model
+        self.slots = FleetSlots(model, admit_after) if model.heavy.n_slots else None
+        m = model
+        self._cells, self._bias = m.vectors.cells.copy(), m.biases.cells.copy()
+        self._stats, self._counters, self._dp_steps = m.stats.copy(), m.counters.copy(), m.dp_steps.copy()
+        # tracked: every learned batch's keys come through touched(), so a take compares only the
+        # cells and slots they address (DP-SGD puts noise on every cell: always a full pass)
+        self._touched: list | None = [] if tracked and getattr(m, "dp", None) is None else None
+        # float16: where the last take left rounding behind (compared again at the next take)
+        self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
+
+    def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        """Record the ids of a learned batch (all rows, canaries included) for ``tracked``."""
+        if self._touched is not None:
+            self._touched.append((ukeys, ikeys))
+
+    def _where(self) -> tuple:
+        """(cell indices, bias indices, held slots) the ids touched since the last take address;
+        (None, None, None): everything."""
+        if self._touched is None:
+            if self.slots is not None:
+                self.slots.spilled = []  # a full pass finds them anyway
+            return None, None, None
+        m = self.model
+        if self.slots is not None and self.slots.spilled:  # their unpublished part is in the cells
+            keys, families = np.array(self.slots.spilled, dtype=np.uint64).reshape(-1, 2).T
+            self.slots.spilled = []
+            self._touched.append(tuple(keys[families == f] for f in FAMILIES))
+        keys = [_distinct(np.concatenate([t[f] for t in self._touched] or [np.empty(0, np.uint64)]))
+                for f in FAMILIES]
+        self._touched = []
+        where = []
+        for cells, salts, carried in ((m.vectors.cells, m.store.salts, self._carry[0]),
+                                      (m.biases.cells, m.store.bias_salts, self._carry[1])):
+            mask = np.zeros(cells.size, dtype=bool)  # a pass over a bitmap beats sorting indices
+            for f in FAMILIES:
+                mask[cell_indices(salts[f], keys[f], cells.shape[1])] = True
+            mask[carried] = True
+            where.append(np.flatnonzero(mask))
+        slots = None
+        if self.slots is not None:
+            slots = np.concatenate([self.slots.locate(keys[f], np.full(len(keys[f]), f, np.uint8))
+                                    for f in FAMILIES] + [self.slots.locate(*self._carry[2:])])
+            slots = _distinct(slots[slots >= 0])
+        return where[0], where[1], slots
+
+    def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        """Count a learned batch's ids (heavy-slot announcements); a no-op without slots."""
+        if self.slots is not None:
+            self.slots.observe(ukeys, ikeys)
+
+    # --- take ---------------------------------------------------------------------------------------
+    def take(self) -> dict[str, np.ndarray]:
+        """The arrays of everything learned since the base ({} if nothing); the base moves to now."""
+        m = self.model
+        out: dict[str, np.ndarray] = {}
+        cells, bias, slots = self._where()
+        if self.slots is not None:
+            keys, families, rows = self.slots.harvest(self.dtype, slots)
+            if len(keys):
+                out.update({"slot_keys": keys, "slot_families": families, "slot_rows": rows})
+        out.update(publish(m.vectors.cells, self._cells, "cells", self.dtype, cells))
+        out.update(publish(m.biases.cells, self._bias, "bias", self.dtype, bias))
+        if self.dtype is not None and self._touched is not None:
+            self._carry = (_indices(out, "cells"), _indices(out, "bias"),
+                           out.get("slot_keys", np.empty(0, np.uint64)),
+                           out.get("slot_families", np.empty(0, np.uint8)))
+        out.update(publish(m.counters, self._counters, "counters"))
+        out.update(publish(m.dp_steps, self._dp_steps, "dp_steps"))
+        if m.stats[COUNT] != self._stats[COUNT] or m.stats[TOTAL] != self._stats[TOTAL]:
+            out["stats"] = np.array([m.stats[COUNT] - self._stats[COUNT],
+                                     m.stats[TOTAL] - self._stats[TOTAL], m.stats[RMIN], m.stats[RMAX]])
+            self._stats[...] = m.stats
+        if self.slots is not None and self.slots.pending:
+            keys, families = np.array(self.slots.pending, dtype=np.uint64).reshape(-1, 2).T
+            self.slots.pending = []
+            out.update({"announce_keys": keys, "announce_families": families.astype(np.uint8)})
+            self.slots.admit(keys, families.astype(np.uint8), (self._cells, self._bias))
+        if self.slots is not None and out:
+            self.slots.refresh()
+        return out
+
+    # --- apply --------------------------------------------------------------------------------------
+    def apply(self, arrays: dict[str, np.ndarray]) -> None:
+        """Add another replica's ``take`` to the model and to the base (ValueError if it does not
+        fit this model's shape; then nothing has changed)."""
+        m = self.model
+        self._check(arrays)
+        for cells, bias, stats, counters, dp_steps in (
+                (m.vectors.cells, m.biases.cells, m.stats, m.counters, m.dp_steps),
+                (self._cells, self._bias, self._stats, self._counters, self._dp_steps)):
+            add_entries(cells, arrays, "cells")
+            add_entries(bias, arrays, "bias")
+            add_entries(counters, arrays, "counters")
+            add_entries(dp_steps, arrays, "dp_steps")
+            if "stats" in arrays:
+                merge_stats(stats, arrays["stats"])
+        if self.slots is None:
+            return
+        bases = (self._cells, self._bias)
+        for prefix in ("announce", "slot"):
+            if prefix + "_keys" in arrays:
+                self.slots.admit(arrays[prefix + "_keys"], arrays[prefix + "_families"], bases)
+        if "slot_keys" in arrays:
+            self.slots.route(arrays["slot_keys"], arrays["slot_families"], arrays["slot_rows"], bases)
+        self.slots.refresh()
+
+    def _check(self, arrays: dict[str, np.ndarray]) -> None:
+        m = self.model
+        for name, like in (("cells", m.vectors.cells), ("bias", m.biases.cells),
+                           ("counters", m.counters), ("dp_steps", m.dp_steps)):
+            entries_of(arrays, name, like)
+        if "stats" in arrays and arrays["stats"].shape != (4,):
+            raise ValueError("delta's stats do not fit this model")
+        for prefix, width in (("slot", m.dim + 1), ("announce", None)):
+            if prefix + "_keys" not in arrays:
+                continue
+            if self.slots is None:
+                raise ValueError("delta has heavy slots, this model none")
+            keys, families = arrays[prefix + "_keys"], arrays[prefix + "_families"]
+            if (keys.dtype != np.uint64 or families.shape != keys.shape or keys.ndim != 1
+                    or families.dtype != np.uint8 or (families > ITEM).any()
+                    or (width and (arrays["slot_rows"].shape != (len(keys), width)
+                                   or arrays["slot_rows"].dtype not in (np.float32, np.float16)))):
+                raise ValueError(f"delta's {prefix} ids do not fit this model")
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique's hash path is slow on uint64/int64 keys)."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values
+
+
+def _indices(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """The flat indices ``publish`` wrote under ``name``."""
+    if name + ".d" in arrays:
+        return np.flatnonzero(arrays[name + ".d"])
+    return np.cumsum(arrays[name + ".i"], dtype=np.int64) if name + ".i" in arrays else np.empty(0, np.int64)
+
+
+def merge_stats(stats: np.ndarray, delta: np.ndarray) -> None:
+    """Add a delta's rating count and sum; the range becomes the union of both ranges."""
+    count, total, low, high = delta
+    if stats[COUNT] > 0:
+        low, high = min(low, stats[RMIN]), max(high, stats[RMAX])
+    stats[COUNT] += count
+    stats[TOTAL] += total
+    stats[RMIN], stats[RMAX] = low, high

@@ -1,0 +1,252 @@
+"""Replicas of one recommender: a member of a fleet publishes what it learned as a compact
+delta and adds every other member's deltas to its own replica (issue 20).
+
+>>> from sketchrec.models import SketchMF
+>>> from sketchrec.stream.serving.recommender import Recommender
+>>> def member():
+...     return Recommender(SketchMF(dim=4, width=512), pair_capacity=1000, user_capacity=100)
+>>> a, b = member(), member()
+>>> ta, tb = DeltaTracker(a), DeltaTracker(b)
+>>> _ = a.learn_many(["ann", "bob"], ["film", "book"], [4.0, 2.0])
+>>> _ = b.learn_many(["cat"], ["film"], [5.0])
+>>> da, db = ta.take(), tb.take()
+>>> _ = ta.apply(db), tb.apply(da)
+>>> a.model.n_learned == b.model.n_learned == 3, ta.state_digest() == tb.state_digest()
+(True, True)
+>>> ta.take() is None                 # what was applied is not published again
+True
+
+What a delta covers (``take``: everything changed locally since the last take; ``apply``: adds
+another member's):
+
+- the model (``models.replica.ModelReplica``): vector and bias cells, heavy-hitter slots per id,
+  rating count/sum/range, learned and skipped counters, DP steps;
+- the serving structures, as the keys learned since the last take: distinct (user, item) pair keys
+  and user keys (the receiver adds them to its Bloom filters: the same bits as an OR of the
+  filters), item keys with their counts (added to the popularity count-min sketch: the same cells
+  as a sum of the sketches, which are not conservative);
+- the item catalogue: ids first seen since the last take (merged by union); the popular-items
+  list is then re-ranked from the catalogue by the merged count-min (deterministic: count, then
+  key), so replicas with equal sketches and catalogues list the same items.
+
+Guarantees. Replicas that applied the same deltas, in any order, hold the same counters and
+serving structures exactly (integer sums, OR, union), the same ids in heavy slots, and the same
+model up to float rounding: cells are float32 sums taken in another order, so predictions agree
+to ~1e-7 (ML-100k, 3 members + a serving replica: 1.2e-7 on 1,000 pairs), bit-identical where
+the order was the same. "Applied the same deltas" includes each member's own last ``take``: a
+learner's replica runs ahead of what it published by what it learned since. A delta must be
+applied once: each carries its member's id and a sequence number, and ``apply`` refuses one
+whose sequence number it has already passed for that member, or its own (ValueError); deltas of
+one member must therefore be applied in the order they were taken (one Kafka partition per
+member's deltas, or one partition for all, keeps that).
+
+Operation. ``take`` and ``apply`` change the model: call them between learned batches (the
+learning thread, or with ``recommender.learning`` cleared), never while ``learn_many`` runs;
+readers may go on as they do during learning. A snapshot is the recommender's state right after
+a ``take`` (nothing unpublished) plus ``seq`` and ``applied``; a tracker made on the restored
+recommender takes it as published. Making a tracker turns the model's heavy filter to fleet mode
+(``models.fleet_slots``: frozen counts, one-way; a plain learner's results are unchanged as long
+as no tracker is made). Costs: ``take`` compares the cells and slots addressed by the ids learned
+since the last take (seen through ``recommender.observers``); ``apply`` the delta's size; both
+refresh the held slots (``models.fleet_slots``: depth x light_dim reads each, the larger part)
+and re-rank the popular list over the catalogue (O(items)). Measured on ML-100k (3 members,
+1,000 ratings per take, default heavy fraction, sketch sized for its 2,625 ids): 274 bytes per
+rating (float32; 170 with ``precision="float16"``; 47 at 10,000-rating takes). With a model
+sized for 100,000 ids (27 MB) and 500-rating takes, a take costs ~10-25 ms and an apply
+~10-20 ms against ~7 ms to learn the 500 ratings (loaded 2-core machine).
+
+Format: ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), the CRC-32 of the
+uncompressed body (u32, little-endian), then the (compressed) body: a
+``sketches.serial`` blob (JSON header: member, sequence, model parameters, new catalogue ids,
+caller's ``meta``; then raw little-endian arrays). Compressed when that is smaller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import uuid
+import zlib
+
+import numpy as np
+
+from sketchrec.models.replica import ModelReplica
+from sketchrec.sketches import serial
+from sketchrec.sketches.hashing import as_keys, pair_keys
+
+MAGIC, VERSION = b"SKRD", 1
+RAW, ZSTD, ZLIB = 0, 1, 2
+_KIND = "ModelDelta"
+
+try:  # kafka-python[zstd] brings it; zlib otherwise
+    import zstandard
+except ImportError:  # pragma: no cover
+    zstandard = None
+
+
+class DeltaTracker:
+    """Publishes a recommender's local learning as deltas and applies other members' deltas.
+
+    ``member`` names this replica in its deltas (default: a random id); the current state counts
+    as published when the tracker is made. ``compress``: "zstd" (default, zlib if zstandard is
+    missing), "zlib" or "none". ``admit_after``: sightings in this member's stream after which it
+    announces an id for a heavy slot (``models.fleet_slots``). ``precision``: of the published
+    cell and slot changes, "float32" or "float16" (see ``models.replica.ModelReplica``)."""
+
+    def __init__(self, recommender, member: str | None = None, compress: str = "zstd",
+                 admit_after: int = 8, precision: str = "float32"):
+        if compress not in ("zstd", "zlib", "none"):
+            raise ValueError("compress must be zstd, zlib or none")
+        self.rec = recommender
+        self.member = member or uuid.uuid4().hex[:12]
+        self.compress = compress
+        self.seq = 0                         # deltas taken so far
+        self.applied: dict[str, int] = {}    # member -> last sequence number applied
+        if recommender.popularity.sketch.conservative:
+            raise ValueError("replicas need a plain count-min sketch (conservative updates do not add)")
+        self._model = ModelReplica(recommender.model, admit_after, precision, tracked=True)
+        self._params = _params_digest(recommender.model)
+        self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
+        self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
+        self._received: set = set()                    # items after that which came by apply
+        recommender.observers.append(self._observe)
+
+    def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
+        """A learned batch: every row moved the model, the real ones (no canaries) also serve."""
+        self._model.touched(ukeys.copy(), ikeys.copy())
+        ukeys, ikeys = ukeys[real], ikeys[real]
+        self._model.observe(ukeys, ikeys)
+        self._seen.append((ukeys.copy(), ikeys.copy()))
+
+    # --- publish ------------------------------------------------------------------------------------
+    def take(self, meta: dict | None = None) -> bytes | None:
+        """Everything learned locally since the last take, encoded (None if nothing); ``meta``
+        (JSON-able, e.g. the input offsets the delta covers) travels in its header."""
+        rec = self.rec
+        arrays = self._model.take()
+        if self._seen:
+            ukeys, ikeys = (np.concatenate(keys) for keys in zip(*self._seen))
+            self._seen = []
+            items, counts = np.unique(ikeys, return_counts=True)
+            arrays.update({"seen_pairs": np.unique(pair_keys(ukeys, ikeys)),
+                           "seen_users": np.unique(ukeys), "seen_items": items,
+                           "seen_counts": counts.astype(np.uint32)})
+        ids, _ = rec.catalogue.snapshot()
+        new_ids = [i for i in ids[self._n_items:] if i not in self._received]
+        self._received = set()
+        if not arrays and not new_ids:
+            return None
+        header = {"member": self.member, "seq": self.seq + 1, "params": self._params,
+                  "items": new_ids, "meta": meta}
+        self.seq += 1
+        self._n_items = len(ids)
+        if "seen_items" in arrays:
+            rerank_popular(rec)
+        return _encode(serial.pack(_KIND, header, arrays), self.compress)
+
+    # --- receive ------------------------------------------------------------------------------------
+    def apply(self, blob: bytes) -> dict:
+        """Add another member's delta to this replica; returns its header (member, seq, meta).
+        ValueError (one line) for a blob that is not a delta of this model, or already applied."""
+        header, arrays = decode(blob)
+        if header.get("params") != self._params:
+            raise ValueError("model delta from a differently configured model (parameters differ)")
+        member, seq = header["member"], int(header["seq"])
+        if member == self.member or seq <= self.applied.get(member, 0):
+            raise ValueError(f"model delta {member}#{seq} already applied (or this member's own)")
+        rec = self.rec
+        _check_seen(arrays)
+        self._model.apply(arrays)  # checks its own arrays before changing anything
+        if "seen_pairs" in arrays:
+            rec.pairs_seen.add_many(arrays["seen_pairs"])
+            rec.users_seen.add_many(arrays["seen_users"])
+            rec.popularity.sketch.add_many(arrays["seen_items"], arrays["seen_counts"])
+        items = header["items"]
+        if items:
+            before = len(rec.catalogue)
+            cat = np.array(items, dtype=object)
+            rec.catalogue.add(cat, as_keys(cat))
+            self._received.update(rec.catalogue.snapshot()[0][before:])  # not ours to publish
+        self.applied[member] = seq
+        if "seen_items" in arrays:
+            rerank_popular(rec)
+        return {"member": member, "seq": seq, "meta": header.get("meta")}
+
+    # --- checks -------------------------------------------------------------------------------------
+    def state_digest(self) -> str:
+        """A short hash of the replica's whole state (model bytes, Bloom filters, count-min,
+        catalogue as a set, popular list): equal digests mean bit-identical replicas."""
+        rec = self.rec
+        h = hashlib.sha256(rec.model.to_bytes())
+        for arr in (rec.pairs_seen.cells, rec.users_seen.cells, rec.popularity.sketch.cells,
+                    np.sort(rec.catalogue.snapshot()[1])):
+            h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(json.dumps([rec.popularity.sketch.total, rec.popularity.most_common()],
+                            default=str).encode())
+        return h.hexdigest()[:16]
+
+
+def rerank_popular(rec) -> None:
+    """Track the catalogue's most counted items, ties by key: the same list on every replica
+    whose count-min sketch and catalogue are equal (O(catalogue) per call)."""
+    ids, keys = rec.catalogue.snapshot()
+    if not len(ids):
+        return
+    counts = rec.popularity.sketch.estimate_many(keys)
+    top = np.lexsort((keys, -counts))[:rec.popularity.capacity]
+    rec.popularity.replace({ids[n]: keys[n] for n in top})
+
+
+def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    """(header, arrays) of a delta; ValueError (one line) for anything that is not one."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)) or bytes(blob[:4]) != MAGIC or len(blob) < 10:
+        raise ValueError("not a sketchrec model delta (bad magic)")
+    version, codec, crc = struct.unpack("<BBI", blob[4:10])
+    if version != VERSION:
+        raise ValueError(f"unsupported model delta version {version}")
+    try:
+        body = bytes(blob[10:])
+        if codec == ZSTD:
+            if zstandard is None:
+                raise ValueError("zstd-compressed delta but zstandard is not installed")
+            body = zstandard.ZstdDecompressor().decompress(body)
+        elif codec == ZLIB:
+            body = zlib.decompress(body)
+        elif codec != RAW:
+            raise ValueError(f"unknown codec {codec}")
+        if zlib.crc32(body) != crc:
+            raise ValueError("checksum mismatch")
+        header, arrays = serial.unpack(body, _KIND)
+        header["member"], header["seq"], header["items"]  # noqa: B018 (required fields)
+    except ValueError as exc:
+        raise ValueError(f"corrupt model delta: {exc}") from None
+    except Exception as exc:  # zstd/zlib/json/struct errors on damaged bytes
+        raise ValueError(f"corrupt model delta: {type(exc).__name__}: {exc}") from None
+    return header, arrays
+
+
+def _encode(body: bytes, compress: str) -> bytes:
+    codec, packed = RAW, body
+    if compress == "zstd" and zstandard is not None:
+        codec, packed = ZSTD, zstandard.ZstdCompressor(level=3).compress(body)
+    elif compress != "none":
+        codec, packed = ZLIB, zlib.compress(body, 6)
+    if len(packed) >= len(body):
+        codec, packed = RAW, body
+    return MAGIC + struct.pack("<BBI", VERSION, codec, zlib.crc32(body)) + packed
+
+
+def _params_digest(model) -> str:
+    """Which models may exchange deltas: same class and constructor parameters."""
+    text = json.dumps([type(model).__name__, model.params()], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_seen(arrays: dict[str, np.ndarray]) -> None:
+    names = ("seen_pairs", "seen_users", "seen_items", "seen_counts")
+    present = [name in arrays for name in names]
+    if any(present) and (not all(present) or any(arrays[n].ndim != 1 for n in names)
+                         or arrays["seen_items"].shape != arrays["seen_counts"].shape
+                         or any(arrays[n].dtype != np.uint64 for n in names[:3])):
+        raise ValueError("delta's serving keys are malformed")
