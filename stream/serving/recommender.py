@@ -181,9 +181,7 @@ class Recommender:
             if len(rows) == k:
                 return [(ids[n], float(s + offset)) for n, s in zip(rows, scores)], "model-index"
         scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + offset
-        scores[seen_rows()] = -np.inf
-        top = np.argpartition(-scores, min(k, len(scores) - 1))[:k] if len(scores) > k else np.arange(len(scores))
-        top = top[np.argsort(-scores[top], kind="stable")]
+        top = _top_unseen(scores, k, seen_rows)
         return [(ids[n], float(scores[n])) for n in top if np.isfinite(scores[n])], "model"
 
     def item_snapshot(self) -> ItemSnapshot:
@@ -241,6 +239,28 @@ class Recommender:
             cat = np.array(serving["catalogue"], dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
         return rec
+
+
+def _top_unseen(scores: np.ndarray, k: int, seen_rows) -> np.ndarray:
+    """Rows of the k best scores whose item the user has not rated, best first. The Bloom filter
+    is asked about a short-list of the best scores only (most users rated few of them), grown
+    until it holds k unseen items: every row left out scores no higher than those kept.
+
+    >>> scores = np.array([5.0, 1.0, 4.0, 3.0, 2.0])
+    >>> _top_unseen(scores, 2, lambda rows: np.isin(rows, [0, 3])).tolist()
+    [2, 4]
+    >>> _top_unseen(scores, 9, lambda rows: rows != 1).tolist()   # fewer than k unseen: all of them
+    [0, 2, 3, 4]
+    """
+    n = len(scores)
+    m = min(n, 2 * k + 16)
+    while True:
+        rows = np.argpartition(-scores, m - 1)[:m] if m < n else np.arange(n)
+        rows = rows[~seen_rows(rows)]
+        if len(rows) >= k or m == n:
+            break
+        m = min(n, 4 * m)
+    return rows[np.argsort(-scores[rows], kind="stable")[:k]]
 
 
 def user_key(user) -> int | None:

@@ -35,6 +35,9 @@ def _json_400_protocol():
         return _h11_json_400_protocol()
 
     class JSON400HttpTools(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(CorkedTransport(transport, self.loop))
+
         def send_400_response(self, msg: str) -> None:
             body = _json_400(msg)
             self.transport.write(b"".join([
@@ -43,6 +46,33 @@ def _json_400_protocol():
             self.transport.close()
 
     return JSON400HttpTools
+
+
+class CorkedTransport:
+    """A transport whose writes of one event-loop iteration leave in one send: uvicorn writes a
+    response's head and body separately, two system calls (and two packets) where one does."""
+
+    def __init__(self, transport, loop):
+        self.transport, self.loop, self.pending = transport, loop, []
+
+    def write(self, data: bytes) -> None:
+        if not self.pending:
+            self.loop.call_soon(self.flush)
+        self.pending.append(data)
+
+    def flush(self) -> None:
+        if self.pending:
+            data = b"".join(self.pending)
+            self.pending.clear()
+            if not self.transport.is_closing():
+                self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self.transport, name)
 
 
 def _h11_json_400_protocol():
