@@ -249,7 +249,7 @@ def _top_unseen(scores: np.ndarray, k: int, seen_rows) -> np.ndarray:
     >>> scores = np.array([5.0, 1.0, 4.0, 3.0, 2.0])
     >>> _top_unseen(scores, 2, lambda rows: np.isin(rows, [0, 3])).tolist()
     [2, 4]
-    >>> _top_unseen(scores, 9, lambda rows: rows != 1).tolist()   # fewer than k unseen: all of them
+    >>> _top_unseen(scores, 9, lambda rows: rows == 1).tolist()   # fewer than k unseen: all of them
     [0, 2, 3, 4]
     """
     n = len(scores)
