@@ -8,8 +8,9 @@ range, a credential that does not grant access, a model still warming up, any ot
 on to the app, which gives the same answers and errors as before: the fast path only ever answers
 what the app would have answered with 200, and answers it with the same JSON.
 
-The layer also times every request into the ``sketchrec_request_seconds`` histogram, labelled with
-the route's path (a pure ASGI layer: Starlette's ``BaseHTTPMiddleware`` costs more than the model).
+``ServingApp`` (the FastAPI app's class) asks the fast path first, before the app's middleware
+stack, and times every request into the ``sketchrec_request_seconds`` histogram, labelled with the
+route's path (no ``BaseHTTPMiddleware``: Starlette's costs more per request than the model).
 
 >>> parse_query(b"user=7&k=10&token=")
 {'user': '7', 'k': '10', 'token': ''}
@@ -29,6 +30,7 @@ from typing import Callable
 from urllib.parse import parse_qsl
 
 import orjson
+from fastapi import FastAPI
 
 MAX_ID = 256
 MAX_K = 1000
@@ -104,28 +106,32 @@ class FastQueries:
                              "source": "ranked" if self.tokens_on else source})
 
 
-class ServeLayer:
-    """ASGI: ``fast`` answers what it can (bytes: a 200 JSON body), the app the rest; every
-    request's latency goes to ``latency`` (a prometheus Histogram with an ``endpoint`` label)."""
+class ServingApp(FastAPI):
+    """The FastAPI app with ``fast`` (a ``FastQueries``) answering what it can before the app's
+    own middleware stack (bytes: a 200 JSON body); an exception there leaves the request to the
+    app, which answers it (or its 500) as before. Every request's latency goes to ``latency`` (a
+    prometheus Histogram with an ``endpoint`` label: the route's path)."""
 
-    def __init__(self, app, fast: FastQueries, latency):
-        self.app, self.fast, self.latency = app, fast, latency
-        self.timers = {path: latency.labels(path) for path in ("/predict", "/recommend")}
+    fast: FastQueries | None = None
+    latency = None
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+        if scope["type"] != "http" or self.latency is None:
+            await super().__call__(scope, receive, send)
             return
         t0 = time.perf_counter()
-        body = self.fast(scope)
+        try:
+            body = self.fast(scope) if self.fast is not None else None
+        except Exception:  # noqa: BLE001 - the app answers it, with its own error handling
+            body = None
         if body is not None:
             await send({"type": "http.response.start", "status": 200,
                         "headers": _JSON + [(b"content-length", b"%d" % len(body))]})
             await send({"type": "http.response.body", "body": body})
-            self.timers[scope["path"]].observe(time.perf_counter() - t0)
+            self.latency.labels(scope["path"]).observe(time.perf_counter() - t0)
             return
         try:
-            await self.app(scope, receive, send)
+            await super().__call__(scope, receive, send)
         finally:
             route = scope.get("route")
             self.latency.labels(getattr(route, "path", "unmatched")).observe(time.perf_counter() - t0)

@@ -33,7 +33,7 @@ from sketchrec.privacy.access import UserTokens
 from sketchrec.privacy.release import access_control_default, public_stats
 from sketchrec.privacy.report import central_dp, operator_figures
 from sketchrec.stream.serving.dashboard import dashboard_router
-from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServeLayer
+from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp
 from sketchrec.stream.serving.service import LearningService
 
 MAX_ECHO = 80   # characters of a rejected input a 422 shows (never a 100 KB input back)
@@ -140,7 +140,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     control on (see ``resolve_access``)."""
     admin_token = (admin_token or "").strip() or None  # an empty token must never match
     tokens = resolve_access(service, access)
-    app = FastAPI(title="sketchrec", version="0.1.0",
+    app = ServingApp(title="sketchrec", version="0.1.0",
                   description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
     app.state.user_tokens = tokens   # None: no per-user access control
@@ -189,8 +189,8 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         raise HTTPException(403, "the token does not grant access to this user")
 
     # the hot paths, answered before the framework when they certainly succeed (serving.fastpath)
-    app.add_middleware(ServeLayer, fast=FastQueries(lambda: app.state.service, allowed, tokens is not None),
-                       latency=latency)
+    app.fast = FastQueries(lambda: app.state.service, allowed, tokens is not None)
+    app.latency = latency
 
     # an id must hold a non-blank character, as in the stream (pattern: a search, not a full match)
     ids = dict(min_length=1, max_length=MAX_ID, pattern=r"\S")
