@@ -153,7 +153,8 @@ class Recommender:
 
     # serving -------------------------------------------------------------------------------------
     def predict(self, user, item) -> float:
-        return float(self.predict_many([user], [item])[0])
+        keys = np.array([key_of(user), key_of(item)], dtype=np.uint64)  # hashed once, here
+        return float(self.predict_many(keys[:1], keys[1:])[0])
 
     def recommend(self, user, k: int) -> tuple[list[tuple[object, float]], str]:
         """Top-k unseen items for the user, best first, and where they came from
@@ -182,7 +183,8 @@ class Recommender:
                 return [(ids[n], float(s + offset)) for n, s in zip(rows, scores)], "model-index"
         scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + offset
         top = _top_unseen(scores, k, seen_rows)
-        return [(ids[n], float(scores[n])) for n in top if np.isfinite(scores[n])], "model"
+        top = top[np.isfinite(scores[top])]
+        return list(zip([ids[n] for n in top.tolist()], scores[top].tolist())), "model"
 
     def item_snapshot(self) -> ItemSnapshot:
         """The current item snapshot, rebuilt first if it is stale (see module docstring). Only one
@@ -255,7 +257,7 @@ def _top_unseen(scores: np.ndarray, k: int, seen_rows) -> np.ndarray:
     n = len(scores)
     m = min(n, 2 * k + 16)
     while True:
-        rows = np.argpartition(-scores, m - 1)[:m] if m < n else np.arange(n)
+        rows = np.argpartition(scores, n - m)[n - m:] if m < n else np.arange(n)
         rows = rows[~seen_rows(rows)]
         if len(rows) >= k or m == n:
             break
