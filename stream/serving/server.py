@@ -96,6 +96,15 @@ def _loop() -> str:
     return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
 
 
+def settle_for_serving() -> None:
+    """Call once a serving process has started up: start-up's objects are frozen out of the
+    garbage collector's reach (a full collection over them stalled every answer for ~90 ms at
+    the tail) and a thread holding the GIL gives it up after ``SWITCH_INTERVAL_S``."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+    gc.collect()
+    gc.freeze()
+
+
 class ServerThread:
     """uvicorn serving ``app`` on ``host:port`` (port 0: a free one) from a daemon thread."""
 
@@ -113,9 +122,7 @@ class ServerThread:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("HTTP server failed to start (is the port free?)")
             time.sleep(0.02)
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
-        gc.collect()
-        gc.freeze()
+        settle_for_serving()
         return self
 
     @property
