@@ -2,6 +2,8 @@
 routes behind them: every request is sent twice, once as is and once with a repeated extra
 parameter (which the routes ignore and the fast path never answers), and both answers agree."""
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -92,3 +94,20 @@ def test_not_ready_is_a_503_from_the_app(served):
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
     finally:
         service.health.ready = True
+
+
+def test_a_stale_snapshot_is_rebuilt_off_the_callers_thread():
+    """The HTTP path (``wait=False``) goes on with the current snapshot while a thread rebuilds."""
+    data = SyntheticStream(n_ratings=2000, n_users=50, n_items=60, seed=4).all()
+    rec = Recommender(SketchMF(capacity=150, dim=8), pair_capacity=10_000, refresh_s=0.0)
+    rec.learn_many(data.users[:1000], data.items[:1000], data.ratings[:1000])
+    first = rec.item_snapshot()
+    first.cost = 0.0               # due now (a first build's cost includes loading the kernels)
+    rec.learn_many(data.users[1000:], data.items[1000:], data.ratings[1000:])
+    with rec._snapshot_lock:       # a rebuild under way: the caller neither waits nor starts one
+        assert rec.item_snapshot(wait=False) is first
+    assert rec.item_snapshot(wait=False) is first   # the rebuild starts in a thread of its own
+    deadline = time.monotonic() + 10
+    while rec._snapshot is first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rec._snapshot.learned == 2000 and not rec._snapshot_lock.locked()

@@ -165,7 +165,7 @@ class Recommender:
             return [], "empty"
         if ukey is None or not self.users_seen.contains_many(np.array([ukey], dtype=np.uint64))[0]:
             return [(item, float(count)) for item, count in self.popularity.most_common(k)], "popular"
-        snap = self.item_snapshot()
+        snap = self.item_snapshot(wait=False)
         ids, keys = snap.ids, snap.keys
         p, bu = self.model.factors(np.array([ukey], dtype=np.uint64), USER)
         offset = self.model.global_mean + bu[0]
@@ -186,9 +186,12 @@ class Recommender:
         top = top[np.isfinite(scores[top])]
         return list(zip([ids[n] for n in top.tolist()], scores[top].tolist())), "model"
 
-    def item_snapshot(self) -> ItemSnapshot:
+    def item_snapshot(self, wait: bool = True) -> ItemSnapshot:
         """The current item snapshot, rebuilt first if it is stale (see module docstring). Only one
-        thread rebuilds; the others go on with the previous snapshot meanwhile."""
+        thread rebuilds; the others go on with the previous snapshot meanwhile. With ``wait``
+        False (the HTTP path) a stale snapshot is rebuilt by a thread of its own and the caller
+        goes on with the current one: the event loop never waits for a rebuild (a retrieval
+        index over a large catalogue takes tens of milliseconds to refresh)."""
         snap = self._snapshot
         if snap is not None:
             changed = snap.learned != self.model.n_learned or len(snap.ids) != len(self.catalogue)
@@ -196,23 +199,30 @@ class Recommender:
             if not (changed and due):
                 return snap
         if self._snapshot_lock.acquire(blocking=snap is None):
-            try:
-                t0 = time.monotonic()
-                learned = self.model.n_learned
-                ids, keys = self.catalogue.snapshot()
-                vectors, biases = self.model.factors(keys, ITEM)
-                vectors = vectors.astype(np.float32)
-                if len(ids) >= self.index_threshold:
-                    if self.index is None:
-                        from sketchrec.models.retrieval import RetrievalIndex
-                        self.index = RetrievalIndex(vectors.shape[1], bits=128,
-                                                    shortlist=self.index_shortlist)
-                    self.index.update(vectors, biases)
-                self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned,
-                                              time.monotonic(), time.monotonic() - t0)
-            finally:
-                self._snapshot_lock.release()
+            if not (wait or snap is None):
+                threading.Thread(target=self._rebuild, daemon=True, name="item-snapshot").start()
+                return snap
+            self._rebuild()
         return self._snapshot
+
+    def _rebuild(self) -> None:
+        """Read the catalogue's factors out of the model (the caller holds ``_snapshot_lock``)."""
+        try:
+            t0 = time.monotonic()
+            learned = self.model.n_learned
+            ids, keys = self.catalogue.snapshot()
+            vectors, biases = self.model.factors(keys, ITEM)
+            vectors = vectors.astype(np.float32)
+            if len(ids) >= self.index_threshold:
+                if self.index is None:
+                    from sketchrec.models.retrieval import RetrievalIndex
+                    self.index = RetrievalIndex(vectors.shape[1], bits=128,
+                                                shortlist=self.index_shortlist)
+                self.index.update(vectors, biases)
+            self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned,
+                                          time.monotonic(), time.monotonic() - t0)
+        finally:
+            self._snapshot_lock.release()
 
     # state -----------------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, bytes]:
