@@ -39,29 +39,40 @@ from sketchrec.sketches.hashing import as_keys, key_of
 
 
 class Catalogue:
-    """Item ids seen so far, in first-seen order, with their keys in a growable buffer."""
+    """Item ids seen so far, in first-seen order, with their keys in a growable buffer.
+
+    >>> cat = Catalogue()
+    >>> cat.add(np.array([7, 5, 7]), np.array([70, 50, 70], dtype=np.uint64))
+    >>> cat.add(np.array([5, 9]), np.array([50, 90], dtype=np.uint64))
+    >>> cat.snapshot()[0], cat.snapshot()[1].tolist()
+    ([7, 5, 9], [70, 50, 90])
+    """
 
     def __init__(self):
         self.ids: list = []
         self._keys = np.empty(1024, dtype=np.uint64)
-        self._known: set[int] = set()
+        self._known = np.empty(0, dtype=np.uint64)   # the keys, sorted: a batch is checked in C
         self._lock = threading.Lock()
 
     def add(self, ids, keys: np.ndarray) -> None:
+        uniq, first = np.unique(keys, return_index=True)
         with self._lock:
-            _, first = np.unique(keys, return_index=True)
-            new = [n for n in np.sort(first) if int(keys[n]) not in self._known]
-            if not new:
-                return
+            known = self._known
+            if len(known):
+                at = np.minimum(np.searchsorted(known, uniq), len(known) - 1)
+                fresh = known[at] != uniq
+                if not fresh.any():
+                    return   # the usual batch once the catalogue is complete
+                uniq, first = uniq[fresh], first[fresh]
+            new = np.sort(first)
             n0, n1 = len(self.ids), len(self.ids) + len(new)
             if n1 > len(self._keys):
                 grown = np.empty(max(n1, 2 * len(self._keys)), dtype=np.uint64)
                 grown[:n0] = self._keys[:n0]
                 self._keys = grown  # readers holding the old buffer still see a valid prefix
-            for offset, n in enumerate(new):
-                self._keys[n0 + offset] = keys[n]
-                self._known.add(int(keys[n]))
-                self.ids.append(ids[n].item() if hasattr(ids[n], "item") else ids[n])
+            self._keys[n0:n1] = keys[new]
+            self._known = np.union1d(known, uniq)
+            self.ids.extend(ids[n].item() if hasattr(ids[n], "item") else ids[n] for n in new)
 
     def snapshot(self) -> tuple[list, np.ndarray]:
         with self._lock:
