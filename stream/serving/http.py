@@ -141,7 +141,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     admin_token = (admin_token or "").strip() or None  # an empty token must never match
     tokens = resolve_access(service, access)
     app = ServingApp(title="sketchrec", version="0.1.0",
-                  description="Live queries to a recommender that keeps learning from a stream.")
+                     description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
     app.state.user_tokens = tokens   # None: no per-user access control
     app.include_router(dashboard_router())  # the live page at / (polls /stats and /privacy)
