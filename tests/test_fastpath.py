@@ -118,3 +118,16 @@ def test_a_started_server_leaves_start_up_out_of_the_collectors_reach(served):
     import gc
     import sys
     assert gc.get_freeze_count() > 10_000 and sys.getswitchinterval() <= 0.0005
+
+
+def test_the_popular_list_is_ranked_once_per_refresh_not_per_request():
+    data = SyntheticStream(n_ratings=2000, n_users=50, n_items=60, seed=5).all()
+    rec = Recommender(SketchMF(capacity=150, dim=8), pair_capacity=10_000, refresh_s=3600)
+    rec.learn_many(data.users[:1000], data.items[:1000], data.ratings[:1000])
+    first = rec.recommend("a stranger", 5)
+    assert first[1] == "popular" and first[0] == [(i, float(c)) for i, c in rec.popularity.most_common(5)]
+    rec.learn_many(data.users[1000:], data.items[1000:], data.ratings[1000:])
+    assert [(i, float(c)) for i, c in rec.popularity.most_common(5)] != first[0]   # counts grew
+    assert rec.recommend("a stranger", 5) == first                  # not due for an hour
+    rec.refresh_s = 0.0
+    assert rec.recommend("a stranger", 5)[0] == [(i, float(c)) for i, c in rec.popularity.most_common(5)]

@@ -120,6 +120,7 @@ class Recommender:
         self.refresh_s = refresh_s
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
         self._snapshot: ItemSnapshot | None = None
+        self._popular: tuple | None = None   # (built, model.n_learned, [(item, count)]) for popular()
         self._snapshot_lock = threading.Lock()
         self.learning = threading.Event()
         self.learning.set()  # cleared = paused
@@ -175,7 +176,7 @@ class Recommender:
         if not len(self.catalogue):
             return [], "empty"
         if ukey is None or not self.users_seen.contains_many(np.array([ukey], dtype=np.uint64))[0]:
-            return [(item, float(count)) for item, count in self.popularity.most_common(k)], "popular"
+            return self.popular(k), "popular"
         snap = self.item_snapshot(wait=False)
         ids, keys = snap.ids, snap.keys
         p, bu = self.model.factors(np.array([ukey], dtype=np.uint64), USER)
@@ -196,6 +197,18 @@ class Recommender:
         top = _top_unseen(scores, k, seen_rows)
         top = top[np.isfinite(scores[top])]
         return list(zip([ids[n] for n in top.tolist()], scores[top].tolist())), "model"
+
+    def popular(self, k: int) -> list[tuple[object, float]]:
+        """The k most rated items with their estimated counts, re-ranked when the model has
+        learned since and at most every ``refresh_s`` (as the item snapshot), not per request."""
+        cached = self._popular
+        if cached is None or (cached[1] != self.model.n_learned
+                              and time.monotonic() - cached[0] >= self.refresh_s):
+            ranked = [(item, float(count)) for item, count in self.popularity.most_common()]
+            if not ranked:
+                return []   # nothing ranked yet: asked again next time
+            cached = self._popular = (time.monotonic(), self.model.n_learned, ranked)
+        return cached[2][:k]
 
     def item_snapshot(self, wait: bool = True) -> ItemSnapshot:
         """The current item snapshot, rebuilt first if it is stale (see module docstring). Only one
