@@ -4,7 +4,8 @@
 - a Bloom filter over (user, item) pairs, so recommendations never include an item the user
   rated (a false positive may hide an unseen item, never show a seen one),
 - a Bloom filter over users (unknown users get the most popular items),
-- a count-min sketch with a heavy-hitters list of the most rated items,
+- a count-min sketch with a heavy-hitters list of the most rated items (ranked for unknown users
+  on the snapshot's cadence below, not per request),
 - a snapshot of the catalogue's item factors, so /recommend is one matrix-vector product. It is
   rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
   at most once per ten times its own build cost: recommendations reflect the model as of at most
