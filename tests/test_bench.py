@@ -27,7 +27,8 @@ def test_bench_quick_report_is_complete(tmp_path, capsys):
         assert [r["distinct_users"] for r in rows] == sorted(r["distinct_users"] for r in rows)
         assert all(r["rss_total_bytes"] > 0 and r["model_bytes"] > 0 for r in rows)
     assert report["physical_limit"]["cells_per_rating"] == 2 * 4 * 32
-    assert report["serving"]["errors"] == 0 and report["serving"]["requests"] > 0
+    for target in ("replica", "learning"):
+        assert report["serving"][target]["errors"] == 0 and report["serving"][target]["requests"] > 0
     assert report["kafka"]["csv_per_message"]["topic_to_model_ratings_per_s"] > 0
     assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.md", "memory.png"}
     assert json.loads((tmp_path / "bench.json").read_text())["learners"].keys() == {"ml100k", "synthetic"}

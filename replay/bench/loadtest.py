@@ -1,19 +1,26 @@
-"""Load test of the live endpoint while the model learns (a script, not a unit test).
+"""Load test of the live endpoint: a read replica, and a service that learns while it answers
+(a script and the serving section of `sketchrec bench`, not a unit test).
 
-    python -m sketchrec.replay.bench.loadtest [PATH] [--seconds 15] [--concurrency 16] [--port 8765]
+    python -m sketchrec.replay.bench.loadtest [PATH] [--seconds 10] [--concurrency 16] [--workers N]
+                                              [--only replica|learning] [--client auto|wrk|httpx]
 
-Runs `replay PATH --holdout 0.2 --epochs 1000 --serve` (learning at full speed) twice in a child
-process: once alone, once under a concurrent client sending a 50/50 mix of /predict and
-/recommend (k=10) to random users and items. The client is `wrk` when installed (Debian package
-`wrk`; a C client, so the client is not the bottleneck), otherwise an httpx asyncio client. Learning
-throughput is read from /stats over the same window in both runs. Reports the request rate,
-p50/p99 latency and error count. Traffic goes to 127.0.0.1 only; both children are ended after.
+Read replica: a checkpoint of PATH (written by `replay PATH --checkpoint DIR`) served by
+`sketchrec serve --checkpoint DIR`. Learning: `replay PATH --holdout 0.2 --epochs 1000 --serve`
+(learning at full speed) run twice in a child process, once alone and once under the load, its
+learning rate read from /stats over the same window both times. The load is a 50/50 mix of
+/predict and /recommend?k=10 over random ids of PATH from ``concurrency`` connections: `wrk`
+(Debian package `wrk`; a C client, so the client is not the bottleneck) when installed, else an
+httpx asyncio client. Reports requests/s, p50, p99, p99.9 and max latency, the error count, and
+the server's CPU time per request (its process tree's; a figure a busy machine disturbs least).
+``workers`` is passed on as `--workers N` when given (the commands' default otherwise). Traffic
+goes to 127.0.0.1 only; every child is ended after.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,7 +32,6 @@ import httpx
 import numpy as np
 
 from sketchrec.replay.bench import PATH_HELP, data_file
-
 
 WRK_SCRIPT = """
 math.randomseed(1)
@@ -40,32 +46,57 @@ request = function()
 end
 done = function(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format('{"requests": %%d, "seconds": %%f, "errors": %%d, "p50_ms": %%f, "p99_ms": %%f}\\n',
+  io.write(string.format('{"requests": %%d, "seconds": %%f, "errors": %%d, "p50_ms": %%f, ' ..
+    '"p99_ms": %%f, "p999_ms": %%f, "max_ms": %%f}\\n',
     summary.requests, summary.duration / 1e6, e.connect + e.read + e.write + e.timeout + e.status,
-    latency:percentile(50) / 1000, latency:percentile(99) / 1000))
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency:percentile(99.9) / 1000,
+    latency.max / 1000))
 end
 """
 
 
-def _start(path: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", str(path), "--holdout", "0.2",
-                             "--epochs", "1000", "--quiet", "--serve", f"127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _child(argv: list[str], workers: int | None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "sketchrec", *argv] + (["--workers", str(workers)] if workers else [])
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def start_learning(path: Path, port: int, workers: int | None = None) -> subprocess.Popen:
+    """`replay PATH --serve`, learning at full speed for as long as it runs."""
+    return _child(["replay", str(path), "--holdout", "0.2", "--epochs", "1000", "--quiet",
+                   "--serve", f"127.0.0.1:{port}"], workers)
+
+
+def start_replica(checkpoints: Path, port: int, workers: int | None = None) -> subprocess.Popen:
+    """`sketchrec serve --checkpoint DIR`: the newest checkpoint, read only."""
+    return _child(["serve", "--checkpoint", str(checkpoints), "--listen", f"127.0.0.1:{port}"], workers)
+
+
+def write_checkpoint(path: Path, directory: Path, limit: int | None = None) -> Path:
+    """A checkpoint of PATH (its first ``limit`` lines, if given) in ``directory``."""
+    if limit:
+        head = directory / "head.data"
+        with open(path) as src:
+            head.write_text("".join(line for _, line in zip(range(limit), src)))
+        path = head
+    subprocess.run([sys.executable, "-m", "sketchrec", "replay", str(path), "--quiet",
+                    "--checkpoint", str(directory / "ckpt")], check=True, capture_output=True)
+    return directory / "ckpt"
 
 
 def _wait_up(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"replay exited early: {proc.stderr.read()}")
+            raise RuntimeError(f"the service exited early: {proc.stderr.read()}")
         try:
-            if httpx.get(f"{base}/stats", timeout=1).json()["ratings_learned"] > 0:
+            stats = httpx.get(f"{base}/stats", timeout=1).json()
+            if stats["ratings_learned"] > 0 and stats.get("ready", True):
                 httpx.get(f"{base}/recommend", params={"user": "1", "k": 10}, timeout=10)  # warm up
                 return
-        except httpx.TransportError:
+        except (httpx.TransportError, ValueError, KeyError):
             pass
         time.sleep(0.05)
-    raise RuntimeError("server did not come up")
+    raise RuntimeError("the service did not come up")
 
 
 def _learned(base: str) -> tuple[float, int]:
@@ -75,12 +106,13 @@ def _learned(base: str) -> tuple[float, int]:
 def _wrk(base: str, seconds: float, concurrency: int, n_users: int, n_items: int) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
         fh.write(WRK_SCRIPT % {"users": n_users, "items": n_items})
-    out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{int(seconds)}s", "--timeout", "5s",
-                          "-s", fh.name, base], capture_output=True, text=True, check=True).stdout
-    Path(fh.name).unlink()
-    result = json.loads(out.strip().splitlines()[-1])
-    result["client"] = "wrk"
-    return result
+    try:
+        out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
+                              "--timeout", "5s", "-s", fh.name, base],
+                             capture_output=True, text=True, check=True).stdout
+    finally:
+        Path(fh.name).unlink()
+    return {**json.loads(out.strip().splitlines()[-1]), "client": "wrk"}
 
 
 async def _httpx_load(base: str, seconds: float, concurrency: int, n_users: int, n_items: int) -> dict:
@@ -108,59 +140,125 @@ async def _httpx_load(base: str, seconds: float, concurrency: int, n_users: int,
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
     lat = np.array(latencies) * 1000
     return {"requests": len(lat), "seconds": seconds, "errors": errors, "client": "httpx",
-            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))}
+            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "p999_ms": float(np.percentile(lat, 99.9)), "max_ms": float(lat.max())}
 
 
-def _run(path: Path, port: int, seconds: float, load=None) -> tuple[float, dict | None]:
-    """Learning rate (ratings/s over the window) and the load's result, for one child."""
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) of a process and its descendants so far (None off Linux): the
+    server's cost per request, a figure that holds on a busy machine where latencies do not.
+
+    >>> import os; cpu_seconds(os.getpid()) > 0
+    True
+    """
+    stats = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue   # ended meanwhile
+        stats[int(entry.parent.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    if pid not in stats:
+        return None
+    tree = {pid}
+    while more := {child for child, (parent, _) in stats.items() if parent in tree} - tree:
+        tree |= more
+    return sum(stats[p][1] for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def _served(proc: subprocess.Popen, port: int, measure):
+    """``measure(base, pid)`` once the child ``proc`` serves on ``port``; the child is ended after."""
     base = f"http://127.0.0.1:{port}"
-    proc = _start(path, port)
     try:
         _wait_up(base, proc)
+        return measure(base, proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _learning_rate(load=None, seconds: float = 0.0):
+    """``measure`` for ``_served``: the learning rate over the load's window (or ``seconds``)."""
+    def measure(base, pid):
         t0, n0 = _learned(base)
-        result = load(base) if load else time.sleep(seconds)
+        result = load(base, pid) if load else time.sleep(seconds)
         t1, n1 = _learned(base)
         return (n1 - n0) / (t1 - t0), result
-    finally:
-        proc.kill()
-        proc.wait()
+    return measure
 
 
-def run_load_test(path: Path, seconds: float = 15, concurrency: int = 16, port: int = 8765,
-                  client: str = "auto") -> dict:
-    """Learning rate alone and under load, and the load's request figures."""
+def _summary(result: dict) -> dict:
+    cpu = result["server_cpu_s"]
+    return {**result, "requests_per_s": result["requests"] / result["seconds"],
+            "server_cpu_us_per_request": cpu / result["requests"] * 1e6 if cpu and result["requests"] else None}
+
+
+def run_load_test(path: Path, seconds: float = 10, concurrency: int = 16, port: int = 8765,
+                  client: str = "auto", workers: int | None = None, only: str | None = None,
+                  checkpoint_limit: int | None = None) -> dict:
+    """{"replica": figures, "learning": figures and learning rate alone / under load}: the targets
+    ``only`` names ("replica" or "learning"), both by default. The replica serves a checkpoint of
+    PATH's first ``checkpoint_limit`` ratings (all by default)."""
     from sketchrec.data import read_ratings
     data, _ = read_ratings(path)
     n_users, n_items = int(data.users.max()), int(data.items.max())  # MovieLens ids are 1..n
     use_wrk = client == "wrk" or (client == "auto" and shutil.which("wrk"))
 
-    def load(base):
+    def load(base, pid):
+        cpu0 = cpu_seconds(pid)
         if use_wrk:
-            return _wrk(base, seconds, concurrency, n_users, n_items)
-        return asyncio.run(_httpx_load(base, seconds, concurrency, n_users, n_items))
+            result = _wrk(base, seconds, concurrency, n_users, n_items)
+        else:
+            result = asyncio.run(_httpx_load(base, seconds, concurrency, n_users, n_items))
+        cpu1 = cpu_seconds(pid)
+        return {**result, "server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
 
-    alone, _ = _run(path, port, seconds)
-    loaded, result = _run(path, port, seconds, load)
-    return {**result, "requests_per_s": result["requests"] / result["seconds"],
-            "concurrency": concurrency, "learning_per_s_alone": alone,
-            "learning_per_s_under_load": loaded}
+    report: dict = {"concurrency": concurrency, "workers": workers}
+    if only in (None, "replica"):
+        with tempfile.TemporaryDirectory(prefix="sketchrec-loadtest-") as tmp:
+            ckpt = write_checkpoint(path, Path(tmp), checkpoint_limit)
+            report["replica"] = _summary(_served(start_replica(ckpt, port, workers), port, load))
+    if only in (None, "learning"):
+        alone, _ = _served(start_learning(path, port, workers), port, _learning_rate(seconds=seconds))
+        loaded, result = _served(start_learning(path, port, workers), port, _learning_rate(load))
+        report["learning"] = {**_summary(result), "learning_per_s_alone": alone,
+                              "learning_per_s_under_load": loaded,
+                              "learning_kept": loaded / alone if alone else None}
+    return report
+
+
+def describe(report: dict) -> list[str]:
+    """The report in a few lines of text."""
+    lines = []
+    for target, name in (("replica", "read replica"), ("learning", "while learning")):
+        if (r := report.get(target)) is not None:
+            lines.append(f"{name}: {r['requests_per_s']:,.0f} req/s ({r['client']}, {report['concurrency']} "
+                         f"connections, workers {report['workers'] or 'default'}), p50 {r['p50_ms']:.2f} ms, "
+                         f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms, errors {r['errors']}, server CPU "
+                         f"{r['server_cpu_us_per_request'] or float('nan'):.0f} us/request")
+    if (r := report.get("learning")) is not None:
+        lines.append(f"learning {r['learning_per_s_alone']:,.0f} ratings/s alone, "
+                     f"{r['learning_per_s_under_load']:,.0f} under load ({r['learning_kept']:.0%} kept)")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
-    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--client", choices=("auto", "wrk", "httpx"), default="auto")
+    ap.add_argument("--workers", type=int, help="serving processes (default: the commands' own)")
+    ap.add_argument("--only", choices=("replica", "learning"))
     args = ap.parse_args(argv)
-    report = run_load_test(data_file(args.path), args.seconds, args.concurrency, args.port, args.client)
-    print(f"{report['requests']:,} requests in {report['seconds']:.1f} s = {report['requests_per_s']:,.0f} req/s "
-          f"({report['client']}, 50/50 /predict and /recommend, {args.concurrency} connections), "
-          f"errors {report['errors']}")
-    print(f"latency p50 {report['p50_ms']:.2f} ms, p99 {report['p99_ms']:.2f} ms")
-    print(f"learning {report['learning_per_s_alone']:,.0f} ratings/s alone, "
-          f"{report['learning_per_s_under_load']:,.0f} ratings/s under load")
+    report = run_load_test(data_file(args.path), args.seconds, args.concurrency, args.port, args.client,
+                           args.workers, args.only)
+    print("\n".join(describe(report)))
     print(json.dumps(report))
     return report
 

@@ -2,7 +2,8 @@
 the dense baseline, side by side in one command. Every throughput figure is the median of >= 3 runs.
 
 Sections: learners on ML-100k and on a synthetic stream (d = 32); resident memory against the number
-of distinct users (each model in its own process); serving latency while learning; Kafka topic ->
+of distinct users (each model in its own process); serving (a read replica, and a service learning
+while it answers: requests/s, latency percentiles, learning rate alone and under load); Kafka topic ->
 model against the bare consumer; the physical limit of a rating update. `--quick` shrinks every
 section so the whole report takes well under a minute (the test suite runs it).
 """
@@ -103,9 +104,27 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def serving(path: Path, seconds: float, client: str) -> dict:
+def serving(path: Path, seconds: float, client: str, quick: bool = False) -> dict:
+    """The load test (``loadtest``): a read replica of a checkpoint of ``path`` (of its first
+    20,000 ratings with ``quick``) and a service learning ``path``, each under 16 connections."""
     from sketchrec.replay.bench.loadtest import run_load_test
-    return run_load_test(path, seconds=seconds, concurrency=16, port=_free_port(), client=client)
+    return run_load_test(path, seconds=seconds, concurrency=16, port=_free_port(), client=client,
+                         checkpoint_limit=20_000 if quick else None)
+
+
+def _serving_lines(s: dict) -> list[str]:
+    lines = ["", "## Serving", "", "16 connections, 50/50 `/predict` and `/recommend?k=10` over the "
+             "data's ids; server CPU is the serving process tree's time per request.", "",
+             "| service | client | requests/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU us/request |",
+             "|---|---|---|---|---|---|---|---|"]
+    for target, name in (("replica", "read replica (`serve --checkpoint`)"), ("learning", "learning (`replay --serve`)")):
+        r = s[target]
+        cpu = r["server_cpu_us_per_request"]
+        lines.append(f"| {name} | {r['client']} | {r['requests_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                     f"{r['p999_ms']:.2f} | {r['errors']} | {'n/a' if cpu is None else f'{cpu:.0f}'} |")
+    r = s["learning"]
+    return lines + ["", f"Learning {r['learning_per_s_alone']:,.0f} ratings/s alone, "
+                    f"{r['learning_per_s_under_load']:,.0f} under the load ({r['learning_kept']:.0%} kept)."]
 
 
 def kafka(path: Path, copies: int, limit: int | None) -> dict:
@@ -164,11 +183,7 @@ def _markdown(report: dict) -> str:
               f"{p['random_updates_per_s']:,.0f} random updates/s on a model-sized array -> at most "
               f"{p['bound_ratings_per_s']:,.0f} ratings/s; measured {report['sketch_fraction_of_bound']:.0%} of it."]
     if report.get("serving"):
-        s = report["serving"]
-        lines += ["", "## Serving while learning", "",
-                  f"{s['requests_per_s']:,.0f} requests/s ({s['client']}), p50 {s['p50_ms']:.2f} ms, "
-                  f"p99 {s['p99_ms']:.2f} ms, errors {s['errors']}; learning {s['learning_per_s_alone']:,.0f} "
-                  f"ratings/s alone, {s['learning_per_s_under_load']:,.0f} under load."]
+        lines += _serving_lines(report["serving"])
     if report.get("kafka"):
         lines += ["", "## Kafka", "", "```", json.dumps(report["kafka"], indent=1), "```"]
     return "\n".join(lines) + "\n"
@@ -223,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     report["sketch_fraction_of_bound"] = (report["learners"]["ml100k"]["sketch_batch"]["throughput_per_s"]
                                           / report["physical_limit"]["bound_ratings_per_s"])
 
-    report["serving"] = None if args.no_serving else serving(path, 2.0 if q else 15.0, "httpx" if q else "auto")
+    report["serving"] = None if args.no_serving else serving(path, 2.0 if q else 10.0, "httpx" if q else "auto", q)
     report["kafka"] = None
     if not args.no_kafka:
         try:

@@ -20,7 +20,6 @@ names the last checkpoint (name, seq, age), never its filesystem path.
 from __future__ import annotations
 
 import secrets
-import time
 from typing import Callable
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
@@ -34,10 +33,9 @@ from sketchrec.privacy.access import UserTokens
 from sketchrec.privacy.release import access_control_default, public_stats
 from sketchrec.privacy.report import central_dp, operator_figures
 from sketchrec.stream.serving.dashboard import dashboard_router
+from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp
 from sketchrec.stream.serving.service import LearningService
 
-MAX_ID = 256
-MAX_K = 1000
 MAX_ECHO = 80   # characters of a rejected input a 422 shows (never a 100 KB input back)
 PRIVACY_FIELDS = ("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "kld",
                   "audit_epsilon_lower_bound")
@@ -142,8 +140,8 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     control on (see ``resolve_access``)."""
     admin_token = (admin_token or "").strip() or None  # an empty token must never match
     tokens = resolve_access(service, access)
-    app = FastAPI(title="sketchrec", version="0.1.0",
-                  description="Live queries to a recommender that keeps learning from a stream.")
+    app = ServingApp(title="sketchrec", version="0.1.0",
+                     description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
     app.state.user_tokens = tokens   # None: no per-user access control
     app.include_router(dashboard_router())  # the live page at / (polls /stats and /privacy)
@@ -153,14 +151,6 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     registry.register(_ServiceCollector(lambda: app.state.service))
     latency = Histogram("sketchrec_request_seconds", "Request latency", ["endpoint"], registry=registry,
                         buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
-
-    @app.middleware("http")
-    async def _time(request: Request, call_next):
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        latency.labels(getattr(route, "path", "unmatched")).observe(time.perf_counter() - t0)
-        return response
 
     def is_admin(authorization: str | None) -> bool:
         given = bearer(authorization)
@@ -180,18 +170,27 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
             raise HTTPException(409, "this service is read-only (a checkpoint, or a model trained in one batch)")
         return svc
 
+    def allowed(user: str, authorization: str | None, token: str | None) -> bool:
+        """Access control: U's token or the backend (admin) token."""
+        if tokens is None or is_admin(authorization):
+            return True
+        given = token or bearer(authorization)
+        return bool(given) and tokens.verify(user, given)
+
     def authorise(user: str, authorization: str | None, token: str | None) -> None:
-        """Access control: U's token or the backend (admin) token, else 401 / 403."""
+        """Access control, else 401 / 403; 503 until the model is ready."""
         if not app.state.service.health.ready:  # answer now, not after the kernels compile
             raise HTTPException(503, "model not ready (warming up); retry shortly", {"Retry-After": "1"})
-        if tokens is None or is_admin(authorization):
+        if allowed(user, authorization, token):
             return
-        given = token or bearer(authorization)
-        if not given:
+        if not (token or bearer(authorization)):
             raise HTTPException(401, "this endpoint needs the user's token or the backend token",
                                 {"WWW-Authenticate": "Bearer"})
-        if not tokens.verify(user, given):
-            raise HTTPException(403, "the token does not grant access to this user")
+        raise HTTPException(403, "the token does not grant access to this user")
+
+    # the hot paths, answered before the framework when they certainly succeed (serving.fastpath)
+    app.fast = FastQueries(lambda: app.state.service, allowed, tokens is not None)
+    app.latency = latency
 
     # an id must hold a non-blank character, as in the stream (pattern: a search, not a full match)
     ids = dict(min_length=1, max_length=MAX_ID, pattern=r"\S")
@@ -239,7 +238,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
 
     @app.get("/healthz", summary="Health: 503 with the reasons while the model is not ready, the "
              "broker has been unreachable too long or the last poll is too old")
-    def healthz() -> JSONResponse:
+    async def healthz() -> JSONResponse:
         problems = app.state.service.health.problems()
         if problems:
             return JSONResponse({"status": "unavailable", "reasons": problems}, status_code=503)

@@ -4,7 +4,8 @@
 - a Bloom filter over (user, item) pairs, so recommendations never include an item the user
   rated (a false positive may hide an unseen item, never show a seen one),
 - a Bloom filter over users (unknown users get the most popular items),
-- a count-min sketch with a heavy-hitters list of the most rated items,
+- a count-min sketch with a heavy-hitters list of the most rated items (ranked for unknown users
+  on the snapshot's cadence below, not per request),
 - a snapshot of the catalogue's item factors, so /recommend is one matrix-vector product. It is
   rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
   at most once per ten times its own build cost: recommendations reflect the model as of at most
@@ -39,29 +40,40 @@ from sketchrec.sketches.hashing import as_keys, key_of
 
 
 class Catalogue:
-    """Item ids seen so far, in first-seen order, with their keys in a growable buffer."""
+    """Item ids seen so far, in first-seen order, with their keys in a growable buffer.
+
+    >>> cat = Catalogue()
+    >>> cat.add(np.array([7, 5, 7]), np.array([70, 50, 70], dtype=np.uint64))
+    >>> cat.add(np.array([5, 9]), np.array([50, 90], dtype=np.uint64))
+    >>> cat.snapshot()[0], cat.snapshot()[1].tolist()
+    ([7, 5, 9], [70, 50, 90])
+    """
 
     def __init__(self):
         self.ids: list = []
         self._keys = np.empty(1024, dtype=np.uint64)
-        self._known: set[int] = set()
+        self._known = np.empty(0, dtype=np.uint64)   # the keys, sorted: a batch is checked in C
         self._lock = threading.Lock()
 
     def add(self, ids, keys: np.ndarray) -> None:
+        uniq, first = np.unique(keys, return_index=True)
         with self._lock:
-            _, first = np.unique(keys, return_index=True)
-            new = [n for n in np.sort(first) if int(keys[n]) not in self._known]
-            if not new:
-                return
+            known = self._known
+            if len(known):
+                at = np.minimum(np.searchsorted(known, uniq), len(known) - 1)
+                fresh = known[at] != uniq
+                if not fresh.any():
+                    return   # the usual batch once the catalogue is complete
+                uniq, first = uniq[fresh], first[fresh]
+            new = np.sort(first)
             n0, n1 = len(self.ids), len(self.ids) + len(new)
             if n1 > len(self._keys):
                 grown = np.empty(max(n1, 2 * len(self._keys)), dtype=np.uint64)
                 grown[:n0] = self._keys[:n0]
                 self._keys = grown  # readers holding the old buffer still see a valid prefix
-            for offset, n in enumerate(new):
-                self._keys[n0 + offset] = keys[n]
-                self._known.add(int(keys[n]))
-                self.ids.append(ids[n].item() if hasattr(ids[n], "item") else ids[n])
+            self._keys[n0:n1] = keys[new]
+            self._known = np.union1d(known, uniq)
+            self.ids.extend(ids[n].item() if hasattr(ids[n], "item") else ids[n] for n in new)
 
     def snapshot(self) -> tuple[list, np.ndarray]:
         with self._lock:
@@ -111,6 +123,7 @@ class Recommender:
         self.refresh_s = refresh_s
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
         self._snapshot: ItemSnapshot | None = None
+        self._popular: tuple | None = None   # (built, model.n_learned, [(item, count)]) for popular()
         self._snapshot_lock = threading.Lock()
         self.learning = threading.Event()
         self.learning.set()  # cleared = paused
@@ -157,7 +170,8 @@ class Recommender:
 
     # serving -------------------------------------------------------------------------------------
     def predict(self, user, item) -> float:
-        return float(self.predict_many([user], [item])[0])
+        keys = np.array([key_of(user), key_of(item)], dtype=np.uint64)  # hashed once, here
+        return float(self.predict_many(keys[:1], keys[1:])[0])
 
     def recommend(self, user, k: int) -> tuple[list[tuple[object, float]], str]:
         """Top-k unseen items for the user, best first, and where they came from
@@ -167,8 +181,8 @@ class Recommender:
         if not len(self.catalogue):
             return [], "empty"
         if ukey is None or not self.users_seen.contains_many(np.array([ukey], dtype=np.uint64))[0]:
-            return [(item, float(count)) for item, count in self.popularity.most_common(k)], "popular"
-        snap = self.item_snapshot()
+            return self.popular(k), "popular"
+        snap = self.item_snapshot(wait=False)
         ids, keys = snap.ids, snap.keys
         p, bu = self.model.factors(np.array([ukey], dtype=np.uint64), USER)
         offset = self.model.global_mean + bu[0]
@@ -185,14 +199,28 @@ class Recommender:
             if len(rows) == k:
                 return [(ids[n], float(s + offset)) for n, s in zip(rows, scores)], "model-index"
         scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + offset
-        scores[seen_rows()] = -np.inf
-        top = np.argpartition(-scores, min(k, len(scores) - 1))[:k] if len(scores) > k else np.arange(len(scores))
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return [(ids[n], float(scores[n])) for n in top if np.isfinite(scores[n])], "model"
+        top = _top_unseen(scores, k, seen_rows)
+        top = top[np.isfinite(scores[top])]
+        return list(zip([ids[n] for n in top.tolist()], scores[top].tolist())), "model"
 
-    def item_snapshot(self) -> ItemSnapshot:
+    def popular(self, k: int) -> list[tuple[object, float]]:
+        """The k most rated items with their estimated counts, re-ranked when the model has
+        learned since and at most every ``refresh_s`` (as the item snapshot), not per request."""
+        cached = self._popular
+        if cached is None or (cached[1] != self.model.n_learned
+                              and time.monotonic() - cached[0] >= self.refresh_s):
+            ranked = [(item, float(count)) for item, count in self.popularity.most_common()]
+            if not ranked:
+                return []   # nothing ranked yet: asked again next time
+            cached = self._popular = (time.monotonic(), self.model.n_learned, ranked)
+        return cached[2][:k]
+
+    def item_snapshot(self, wait: bool = True) -> ItemSnapshot:
         """The current item snapshot, rebuilt first if it is stale (see module docstring). Only one
-        thread rebuilds; the others go on with the previous snapshot meanwhile."""
+        thread rebuilds; the others go on with the previous snapshot meanwhile. With ``wait``
+        False (the HTTP path) a stale snapshot is rebuilt by a thread of its own and the caller
+        goes on with the current one: the event loop never waits for a rebuild (a retrieval
+        index over a large catalogue takes tens of milliseconds to refresh)."""
         snap = self._snapshot
         if snap is not None:
             changed = snap.learned != self.model.n_learned or len(snap.ids) != len(self.catalogue)
@@ -200,23 +228,30 @@ class Recommender:
             if not (changed and due):
                 return snap
         if self._snapshot_lock.acquire(blocking=snap is None):
-            try:
-                t0 = time.monotonic()
-                learned = self.model.n_learned
-                ids, keys = self.catalogue.snapshot()
-                vectors, biases = self.model.factors(keys, ITEM)
-                vectors = vectors.astype(np.float32)
-                if len(ids) >= self.index_threshold:
-                    if self.index is None:
-                        from sketchrec.models.retrieval import RetrievalIndex
-                        self.index = RetrievalIndex(vectors.shape[1], bits=128,
-                                                    shortlist=self.index_shortlist)
-                    self.index.update(vectors, biases)
-                self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned,
-                                              time.monotonic(), time.monotonic() - t0)
-            finally:
-                self._snapshot_lock.release()
+            if not (wait or snap is None):
+                threading.Thread(target=self._rebuild, daemon=True, name="item-snapshot").start()
+                return snap
+            self._rebuild()
         return self._snapshot
+
+    def _rebuild(self) -> None:
+        """Read the catalogue's factors out of the model (the caller holds ``_snapshot_lock``)."""
+        try:
+            t0 = time.monotonic()
+            learned = self.model.n_learned
+            ids, keys = self.catalogue.snapshot()
+            vectors, biases = self.model.factors(keys, ITEM)
+            vectors = vectors.astype(np.float32)
+            if len(ids) >= self.index_threshold:
+                if self.index is None:
+                    from sketchrec.models.retrieval import RetrievalIndex
+                    self.index = RetrievalIndex(vectors.shape[1], bits=128,
+                                                shortlist=self.index_shortlist)
+                self.index.update(vectors, biases)
+            self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned,
+                                          time.monotonic(), time.monotonic() - t0)
+        finally:
+            self._snapshot_lock.release()
 
     # state -----------------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, bytes]:
@@ -245,6 +280,28 @@ class Recommender:
             cat = np.array(serving["catalogue"], dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
         return rec
+
+
+def _top_unseen(scores: np.ndarray, k: int, seen_rows) -> np.ndarray:
+    """Rows of the k best scores whose item the user has not rated, best first. The Bloom filter
+    is asked about a short-list of the best scores only (most users rated few of them), grown
+    until it holds k unseen items: every row left out scores no higher than those kept.
+
+    >>> scores = np.array([5.0, 1.0, 4.0, 3.0, 2.0])
+    >>> _top_unseen(scores, 2, lambda rows: np.isin(rows, [0, 3])).tolist()
+    [2, 4]
+    >>> _top_unseen(scores, 9, lambda rows: rows == 1).tolist()   # fewer than k unseen: all of them
+    [0, 2, 3, 4]
+    """
+    n = len(scores)
+    m = min(n, 2 * k + 16)
+    while True:
+        rows = np.argpartition(scores, n - m)[n - m:] if m < n else np.arange(n)
+        rows = rows[~seen_rows(rows)]
+        if len(rows) >= k or m == n:
+            break
+        m = min(n, 4 * m)
+    return rows[np.argsort(-scores[rows], kind="stable")[:k]]
 
 
 def user_key(user) -> int | None:
