@@ -172,11 +172,12 @@ class ServingSettings:
     admin_token: str | None = None
     checkpoint: Path | None = None
     access: str | bool = "auto"             # create_app's ``access``: "auto", True or False
+    workers: int | None = None              # --workers; None: one per core
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServingSettings":
         return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token,
-                   args.checkpoint, ACCESS[args.access_control])
+                   args.checkpoint, ACCESS[args.access_control], args.workers)
 
 
 @dataclass(frozen=True)

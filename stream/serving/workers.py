@@ -1,0 +1,190 @@
+"""Serving from several processes: the learner keeps the model in shared memory, N reader
+processes (``serving.replica``) answer from it on one listening port.
+
+``WorkerPool`` (in the learner's process) moves the recommender's arrays into a ``SharedBlock``,
+binds the port once and hands the socket to each reader (the kernel gives each new connection to
+whichever process accepts first), publishes what is not a fixed array every ``PUBLISH_S``,
+restarts a reader that dies, and on ``stop`` ends the readers (SIGTERM, then SIGKILL after
+5 s) and unlinks every segment it made. The learner itself answers on a loopback port the readers
+forward the admin verbs to (pause, resume, checkpoint: they act on the learner), and, with
+``learner_serves``, on the public socket too. A read replica (a read-only service) reloads a
+newer checkpoint into a NEW block and tells the readers to move to it, so no reader ever sees a
+mix of two checkpoints; the old block is unlinked a few seconds later.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from sketchrec.stream.serving.replica import READY_BASE
+from sketchrec.stream.serving.shared import PUBLISH_S, SharedBlock, shareable
+
+__all__ = ["WorkerPool", "default_workers", "shareable"]
+
+
+def default_workers() -> int:
+    """One serving process per core this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def published(service, block: SharedBlock) -> dict:
+    """The document readers take: catalogue, popular list, LDP map, figures (module docstring)."""
+    rec = service.recommender
+    rate = service._rate
+    stats = service.stats()
+    service._rate = rate   # the learner's own /stats keeps its throughput window
+    debias = None
+    mech = service.origin.get("mechanism")
+    if rec.debias is not None and mech:
+        debias = [mech["epsilon"], *mech["range"]]
+    return {"catalogue": block.mirror(*rec.catalogue.snapshot()), "debias": debias,
+            "popular": rec.popularity.most_common(1000), "stats": stats,
+            "privacy": service.privacy(), "problems": service.health.problems()}
+
+
+class WorkerPool:
+    """``workers`` reader processes serving ``service`` on ``listen`` (see module docstring);
+    the same interface as ``server.ServerThread`` (``url``, ``port``, ``thread``, ``stop``)."""
+
+    def __init__(self, service, listen: tuple[str, int], workers: int, admin_token: str | None = None,
+                 access="auto", learner_serves: bool = False, reload_every: float | None = None):
+        if not shareable(service.recommender):
+            raise ValueError("only a SketchMF recommender can be served from several processes")
+        self.service, self.workers, self.learner_serves = service, int(workers), learner_serves
+        self.admin_token, self.access, self.reload_every = admin_token, access, reload_every
+        self.host = listen[0]
+        self.sock = socket.create_server(listen, backlog=2048)
+        self.sock.set_inheritable(True)
+        self.blocks: list[tuple[SharedBlock, float]] = []   # (block, unlink after): moved away from
+        self.procs: list[subprocess.Popen | None] = []
+        self._stop = threading.Event()
+
+    # starting ---------------------------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> "WorkerPool":
+        from sketchrec.stream.serving.http import create_app, resolve_access
+        tokens = resolve_access(self.service, self.access)
+        self.env = dict(os.environ)
+        if tokens is not None:   # the readers verify user tokens under the same key
+            from sketchrec.privacy.access import KEY_ENV
+            self.env[KEY_ENV] = tokens._key.hex()
+        from sketchrec.replay.cli.admin import ENV
+        self.env.pop(ENV, None)
+        if self.admin_token:
+            self.env[ENV] = self.admin_token
+        self.access_flag = "on" if tokens is not None else "off"
+        self.app = create_app(self.service, self.admin_token, tokens or False)
+        self.block = self._new_block()
+        atexit.register(self.stop)
+        self._serve_learner()
+        self.service.health.ready = False
+        threading.Thread(target=self.service.warm_up, daemon=True, name="warm-up").start()
+        self.procs = [self._spawn(i) for i in range(self.workers)]
+        self.publisher = threading.Thread(target=self._publish_loop, daemon=True, name="publish")
+        self.publisher.start()
+        deadline = time.monotonic() + timeout
+        while not all(self.block.ctl[READY_BASE + i] for i in range(self.workers)):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                self.stop()
+                raise RuntimeError("the serving workers failed to start")
+            time.sleep(0.05)
+        return self
+
+    def _new_block(self) -> SharedBlock:
+        svc = self.service
+        block = SharedBlock.create(svc.recommender, extra={
+            "read_only": svc.read_only, "origin": svc.origin,
+            "checkpoints": None if svc.checkpoints is None else str(svc.checkpoints.directory)})
+        block.publish(published(svc, block))
+        return block
+
+    def _serve_learner(self) -> None:
+        import uvicorn
+
+        from sketchrec.stream.serving.server import _json_400_protocol
+        self.admin_sock = socket.create_server(("127.0.0.1", 0))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off",
+                                                    http=_json_400_protocol()))
+        sockets = [self.admin_sock] + ([self.sock] if self.learner_serves else [])
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets},
+                                       daemon=True, name="http")
+        self.thread.start()
+
+    def _spawn(self, index: int) -> subprocess.Popen:
+        self.block.ctl[READY_BASE + index] = 0
+        admin_url = "http://127.0.0.1:%d" % self.admin_sock.getsockname()[1]
+        return subprocess.Popen(
+            [sys.executable, "-m", "sketchrec.stream.serving.replica", self.block.name,
+             str(self.sock.fileno()), str(index), admin_url, self.access_flag],
+            pass_fds=(self.sock.fileno(),), env=self.env, stdin=subprocess.DEVNULL)
+
+    # running ----------------------------------------------------------------------------------
+    def _publish_loop(self) -> None:
+        next_reload = time.monotonic() + (self.reload_every or 0)
+        while not self._stop.wait(PUBLISH_S):
+            if self.reload_every and time.monotonic() >= next_reload:
+                next_reload = time.monotonic() + self.reload_every
+                if self.service.reload_if_newer():
+                    self._move()
+            self.block.publish(published(self.service, self.block))
+            self._tend()
+
+    def _move(self) -> None:
+        """A newer checkpoint was loaded: readers move to a new block; the old one goes later."""
+        old, self.block = self.block, self._new_block()
+        old.publish({"moved_to": self.block.name})
+        self.blocks.append((old, time.monotonic() + 5.0))
+
+    def _tend(self) -> None:
+        """Unlink blocks every reader has left; restart a reader that died."""
+        now = time.monotonic()
+        for old, after in [b for b in self.blocks if b[1] <= now]:
+            old.unlink()
+            self.blocks.remove((old, after))
+        for i, proc in enumerate(self.procs):
+            if proc is not None and proc.poll() is not None and not self._stop.is_set():
+                print(f"serving worker {proc.pid} ended ({proc.returncode}); restarting it",
+                      file=sys.stderr, flush=True)
+                self.procs[i] = self._spawn(i)
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None]
+
+    # stopping ---------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """End the readers, the learner's server and the publisher; unlink every segment."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        if getattr(self, "publisher", None) is not None:
+            self.publisher.join(timeout=5)
+        for block in [self.block] + [b for b, _ in self.blocks]:
+            block.unlink()
+        self.sock.close()
+        atexit.unregister(self.stop)
