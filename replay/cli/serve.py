@@ -36,10 +36,10 @@ def start_server(service, serving: ServingSettings, reload_every: float | None =
     from sketchrec.stream.serving.workers import WorkerPool, default_workers, shareable
     workers = serving.workers or default_workers()
     if workers > 1 and shareable(service.recommender):
-        pool = WorkerPool(service, serving.listen, workers, serving.admin_token, serving.access,
-                          reload_every=reload_every).start()
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # end as on Ctrl-C: workers stopped
             signal.signal(signal.SIGTERM, signal.default_int_handler)
+        pool = WorkerPool(service, serving.listen, workers, serving.admin_token, serving.access,
+                          reload_every=reload_every).start()
         print(f"serving {pool.url} from {workers} worker processes (admin endpoints "
               f"{'enabled' if pool.app.state.admin else 'disabled'}, answered by the learner; "
               f"per-user access control {pool.access_flag})", file=sys.stderr, flush=True)
@@ -83,7 +83,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:  # none, none verifies, or a ledger refused
         print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    server = start_server(service, serving, reload_every=args.reload_every)
+    try:
+        server = start_server(service, serving, reload_every=args.reload_every)
+    except KeyboardInterrupt:   # SIGINT/SIGTERM while the workers start: they are stopped
+        return 0
     if not isinstance(server, ServerThread):   # the worker pool reloads into shared memory itself
         serve_until_interrupted(server)
         return 0

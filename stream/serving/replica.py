@@ -217,11 +217,8 @@ def replica_main(argv: list[str]) -> int:
     threading.Thread(target=service.follow_forever, args=(stop,), daemon=True, name="follow").start()
     threading.Thread(target=lambda: (stop.wait(), setattr(server, "should_exit", True)), daemon=True).start()
 
-    def warm():
-        service.warm_up()
-        block.ctl[READY_BASE + int(index)] = os.getpid()
-
-    threading.Thread(target=warm, daemon=True, name="warm-up").start()
+    service.warm_up()   # before accepting: a connection waits for a warm worker, never a 503
+    block.ctl[READY_BASE + int(index)] = os.getpid()
     server.run(sockets=[socket.socket(fileno=int(fd))])
     return 0
 

@@ -67,6 +67,15 @@ class WorkerPool:
 
     # starting ---------------------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "WorkerPool":
+        """Start the learner's server, the readers and the publisher; return when every reader
+        answers (RuntimeError after ``timeout`` s; on any exception everything is stopped)."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> "WorkerPool":
         from sketchrec.stream.serving.http import create_app, resolve_access
         tokens = resolve_access(self.service, self.access)
         self.env = dict(os.environ)
@@ -90,7 +99,6 @@ class WorkerPool:
         deadline = time.monotonic() + timeout
         while not all(self.block.ctl[READY_BASE + i] for i in range(self.workers)):
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                self.stop()
                 raise RuntimeError("the serving workers failed to start")
             time.sleep(0.05)
         return self
@@ -180,11 +188,14 @@ class WorkerPool:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        if getattr(self, "server", None) is not None:
+            self.server.should_exit = True
+            self.thread.join(timeout=10)
         if getattr(self, "publisher", None) is not None:
             self.publisher.join(timeout=5)
-        for block in [self.block] + [b for b, _ in self.blocks]:
+        for block in [getattr(self, "block", None)] + [b for b, _ in self.blocks]:
+            if block is None:
+                continue
             block.unlink()
         self.sock.close()
         atexit.unregister(self.stop)
