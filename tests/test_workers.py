@@ -73,7 +73,7 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
         probe = httpx.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"]
         learner.start()
         with multiprocessing.get_context("spawn").Pool(3) as clients:
-            answers = sum(clients.starmap(_hammer, [(pool.url, users[n::3], 4.0) for n in range(3)]), [])
+            answers = sum(clients.starmap(_hammer, [(pool.url, users[n::3], 3.0) for n in range(3)]), [])
         assert len(answers) > 50
         for user, status, text in answers:
             assert status == 200, text
@@ -118,16 +118,15 @@ def test_a_read_replica_moves_to_a_newer_checkpoint(tmp_path):
     writer.checkpoint()
     replica = LearningService.from_checkpoint(tmp_path)
     before = _segments()
-    pool = WorkerPool(replica, ("127.0.0.1", 0), 2, reload_every=0.1).start()
+    pool = WorkerPool(replica, ("127.0.0.1", 0), 1, reload_every=0.1).start()   # one reader: lean
     try:
         assert httpx.get(f"{pool.url}/stats").json()["ratings_learned"] == 5000
         rec.learn_many(data.users[5000:], data.items[5000:], data.ratings[5000:])
         writer.checkpoint()
         deadline = time.monotonic() + 20
-        for _ in range(4):   # every worker (the kernel picks one per connection) moves
-            while httpx.get(f"{pool.url}/stats").json()["ratings_learned"] != 8000:
-                assert time.monotonic() < deadline, "the newer checkpoint was not served"
-                time.sleep(0.05)
+        while httpx.get(f"{pool.url}/stats").json()["ratings_learned"] != 8000:
+            assert time.monotonic() < deadline, "the newer checkpoint was not served"
+            time.sleep(0.05)
         served = httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4"}).json()["rating"]
         assert served == pytest.approx(rec.predict("3", "4"))
     finally:

@@ -93,7 +93,7 @@ class ReplicaRecommender(Recommender):
     def adopt(self, doc: dict) -> None:
         """Take the published catalogue, popular list and LDP map."""
         self.catalogue.sync(*doc["catalogue"])
-        self.popularity.items = doc["popular"]
+        self.popularity.items = doc.get("popular", self.popularity.items)   # sent every POPULAR_S
         if doc.get("debias") and self.debias is None:
             from sketchrec.privacy.ldp import Debias
             self.debias = Debias(*doc["debias"])
@@ -139,7 +139,8 @@ class ReplicaService:
             return False
         if doc.get("moved_to"):
             block = SharedBlock.attach(doc["moved_to"])
-            rec, self._seq = ReplicaRecommender.over(block), 0
+            rec = ReplicaRecommender.over(block)
+            rec.popularity.items = self.recommender.popularity.items   # until the next ranking
             self._seq, doc = block.read_meta(0)
             if doc is None:
                 return False
@@ -218,6 +219,9 @@ def replica_main(argv: list[str]) -> int:
     threading.Thread(target=lambda: (stop.wait(), setattr(server, "should_exit", True)), daemon=True).start()
 
     service.warm_up()   # before accepting: a connection waits for a warm worker, never a 503
+    deadline = time.monotonic() + 2   # and for the popular list (published every POPULAR_S)
+    while not len(service.recommender.popularity) and len(service.recommender.catalogue) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
     block.ctl[READY_BASE + int(index)] = os.getpid()
     server.run(sockets=[socket.socket(fileno=int(fd))])
     return 0

@@ -165,15 +165,20 @@ class SharedBlock:
                 self._mirrored = n, used = new, used + len(text)
         return [n, used]
 
+    @property
+    def mirrored(self) -> list[int]:
+        """Owner: [catalogue ids, id bytes] mirrored so far."""
+        return list(self._mirrored)
+
     def read_ids(self, start: int, end: int) -> list:
         """The ids held by id bytes [start, end) (reader side)."""
         text = self.view("catalogue_ids")[start:end].tobytes().decode()
         return json.loads("[" + ",".join(text.splitlines()) + "]")
 
     # the published document (sequence lock) ---------------------------------------------------------
-    def publish(self, meta: dict) -> None:
-        """Owner: replace the published document (readers never see half of one)."""
-        raw = json.dumps(meta, default=_plain).encode()
+    def publish(self, meta: dict | str) -> None:
+        """Owner: replace the published document, a dict or its JSON (readers never see half of one)."""
+        raw = (meta if isinstance(meta, str) else json.dumps(meta, default=plain)).encode()
         buf = self.view("meta")
         if len(raw) > len(buf):
             raise ValueError(f"published document too large ({len(raw)} bytes)")
@@ -211,7 +216,7 @@ class SharedBlock:
                 pass
 
 
-def _plain(value):
+def plain(value):
     """JSON for numpy scalars and other figures json does not know."""
     if isinstance(value, np.generic):
         return value.item()

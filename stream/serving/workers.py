@@ -15,6 +15,8 @@ mix of two checkpoints; the old block is unlinked a few seconds later.
 from __future__ import annotations
 
 import atexit
+import json
+import math
 import os
 import socket
 import subprocess
@@ -23,7 +25,7 @@ import threading
 import time
 
 from sketchrec.stream.serving.replica import READY_BASE
-from sketchrec.stream.serving.shared import PUBLISH_S, SharedBlock, shareable
+from sketchrec.stream.serving.shared import PUBLISH_S, SharedBlock, plain, shareable
 
 __all__ = ["WorkerPool", "default_workers", "shareable"]
 
@@ -33,19 +35,33 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def published(service, block: SharedBlock) -> dict:
-    """The document readers take: catalogue, popular list, LDP map, figures (module docstring)."""
-    rec = service.recommender
-    rate = service._rate
-    stats = service.stats()
-    service._rate = rate   # the learner's own /stats keeps its throughput window
-    debias = None
-    mech = service.origin.get("mechanism")
-    if rec.debias is not None and mech:
-        debias = [mech["epsilon"], *mech["range"]]
-    return {"catalogue": block.mirror(*rec.catalogue.snapshot()), "debias": debias,
-            "popular": rec.popularity.most_common(1000), "stats": stats,
-            "privacy": service.privacy(), "problems": service.health.problems()}
+POPULAR_S = 1.0   # the popular list (2-3 ms to rank and encode for 1,000 items) is refreshed this often
+
+
+class Publisher:
+    """The document readers take (catalogue, LDP map, figures, and every ``POPULAR_S`` the
+    popular list, which readers keep meanwhile), built every ``PUBLISH_S`` by the learner's
+    publisher thread: about 0.4 ms for ML-100k (1 ms with the popular list)."""
+
+    def __init__(self, service):
+        self.service, self._ranked_at = service, -math.inf
+
+    def document(self, block: SharedBlock, popular: bool = False) -> dict:
+        svc, rec = self.service, self.service.recommender
+        rate = svc._rate
+        stats = svc.stats()
+        svc._rate = rate   # the learner's own /stats keeps its throughput window
+        mech = svc.origin.get("mechanism")
+        grown = len(rec.catalogue) > block.mirrored[0]
+        doc = {"catalogue": block.mirror(*rec.catalogue.snapshot()) if grown else block.mirrored,
+               "debias": [mech["epsilon"], *mech["range"]] if rec.debias is not None and mech else None,
+               "stats": stats, "privacy": svc.privacy(), "problems": svc.health.problems()}
+        if popular or time.monotonic() - self._ranked_at >= POPULAR_S:
+            doc["popular"], self._ranked_at = rec.popularity.most_common(1000), time.monotonic()
+        return doc
+
+    def publish(self, block: SharedBlock, popular: bool = False) -> None:
+        block.publish(self.document(block, popular))
 
 
 class WorkerPool:
@@ -88,14 +104,15 @@ class WorkerPool:
             self.env[ENV] = self.admin_token
         self.access_flag = "on" if tokens is not None else "off"
         self.app = create_app(self.service, self.admin_token, tokens or False)
+        self.publisher = Publisher(self.service)
         self.block = self._new_block()
         atexit.register(self.stop)
         self._serve_learner()
         self.service.health.ready = False
         threading.Thread(target=self.service.warm_up, daemon=True, name="warm-up").start()
         self.procs = [self._spawn(i) for i in range(self.workers)]
-        self.publisher = threading.Thread(target=self._publish_loop, daemon=True, name="publish")
-        self.publisher.start()
+        self.publishing = threading.Thread(target=self._publish_loop, daemon=True, name="publish")
+        self.publishing.start()
         deadline = time.monotonic() + timeout
         while not all(self.block.ctl[READY_BASE + i] for i in range(self.workers)):
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
@@ -108,7 +125,7 @@ class WorkerPool:
         block = SharedBlock.create(svc.recommender, extra={
             "read_only": svc.read_only, "origin": svc.origin,
             "checkpoints": None if svc.checkpoints is None else str(svc.checkpoints.directory)})
-        block.publish(published(svc, block))
+        self.publisher.publish(block, popular=True)
         return block
 
     def _serve_learner(self) -> None:
@@ -139,13 +156,13 @@ class WorkerPool:
                 next_reload = time.monotonic() + self.reload_every
                 if self.service.reload_if_newer():
                     self._move()
-            self.block.publish(published(self.service, self.block))
+            self.publisher.publish(self.block)
             self._tend()
 
     def _move(self) -> None:
         """A newer checkpoint was loaded: readers move to a new block; the old one goes later."""
         old, self.block = self.block, self._new_block()
-        old.publish({"moved_to": self.block.name})
+        old.publish(json.dumps({"moved_to": self.block.name}))
         self.blocks.append((old, time.monotonic() + 5.0))
 
     def _tend(self) -> None:
@@ -191,8 +208,8 @@ class WorkerPool:
         if getattr(self, "server", None) is not None:
             self.server.should_exit = True
             self.thread.join(timeout=10)
-        if getattr(self, "publisher", None) is not None:
-            self.publisher.join(timeout=5)
+        if getattr(self, "publishing", None) is not None:
+            self.publishing.join(timeout=5)
         for block in [getattr(self, "block", None)] + [b for b, _ in self.blocks]:
             if block is None:
                 continue
