@@ -4,7 +4,6 @@ shares: starting the HTTP server and stopping on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -40,8 +39,7 @@ def start_server(service, serving: ServingSettings, reload_every: float | None =
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # end as on Ctrl-C: workers stopped
             signal.signal(signal.SIGTERM, signal.default_int_handler)
         pool = WorkerPool(service, serving.listen, workers, serving.admin_token, serving.access,
-                          reload_every=reload_every,
-                          learner_serves=bool(os.environ.get("SKETCHREC_LEARNER_SERVES"))).start()
+                          reload_every=reload_every).start()
         print(f"serving {pool.url} from {workers} worker processes (admin endpoints "
               f"{'enabled' if pool.app.state.admin else 'disabled'}, answered by the learner; "
               f"per-user access control {pool.access_flag})", file=sys.stderr, flush=True)
