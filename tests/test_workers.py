@@ -14,6 +14,7 @@ import pytest
 
 from sketchrec.data import SyntheticStream, read_ratings
 from sketchrec.models import SketchMF
+from sketchrec.privacy.access import KEY_ENV, UserTokens
 from sketchrec.stream.checkpoint import CheckpointStore
 from sketchrec.stream.serving.recommender import Recommender
 from sketchrec.stream.serving.service import LearningService
@@ -118,16 +119,18 @@ def test_a_read_replica_moves_to_a_newer_checkpoint(tmp_path):
     writer.checkpoint()
     replica = LearningService.from_checkpoint(tmp_path)
     before = _segments()
-    pool = WorkerPool(replica, ("127.0.0.1", 0), 1, reload_every=0.1).start()   # one reader: lean
+    pool = WorkerPool(replica, ("127.0.0.1", 0), 1, access=True, reload_every=0.1).start()   # one reader: lean
+    token = {"token": UserTokens(bytes.fromhex(pool.env[KEY_ENV])).mint("3")}   # the learner's key
     try:
         assert httpx.get(f"{pool.url}/stats").json()["ratings_learned"] == 5000
+        assert httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4"}).status_code == 401
         rec.learn_many(data.users[5000:], data.items[5000:], data.ratings[5000:])
         writer.checkpoint()
         deadline = time.monotonic() + 20
         while httpx.get(f"{pool.url}/stats").json()["ratings_learned"] != 8000:
             assert time.monotonic() < deadline, "the newer checkpoint was not served"
             time.sleep(0.05)
-        served = httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4"}).json()["rating"]
+        served = httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4", **token}).json()["rating"]
         assert served == pytest.approx(rec.predict("3", "4"))
     finally:
         pool.stop()
