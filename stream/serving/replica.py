@@ -27,6 +27,7 @@ import numpy as np
 
 from sketchrec.stream.serving.health import Health
 from sketchrec.stream.serving.recommender import Recommender
+from sketchrec.stream.serving.service import LearningService
 from sketchrec.stream.serving.shared import SharedBlock
 
 POLL_S = 0.025   # how often a reader looks for a newer published document
@@ -170,13 +171,7 @@ class ReplicaService:
     def privacy(self) -> dict:
         return self.health.published.get("privacy", {})
 
-    def warm_up(self) -> None:
-        self.health.ready = False
-        try:
-            self.recommender.predict_many(np.array([0, 1]), np.array([0, 1]))
-            self.recommender.predict_many(np.array(["warm-up"], dtype=object), np.array([0]))
-        finally:
-            self.health.ready = True
+    warm_up = LearningService.warm_up   # the same kernels, compiled (or loaded) before answering
 
     # admin verbs: the learner's (this process only reads)
     def _forward(self, verb: str) -> dict:
