@@ -59,6 +59,7 @@ SEQ, LENGTH, CLOSED = 0, 1, 2   # control words (int64) after the header
 _CTL_WORDS = 64
 _ALIGN = 64
 _names = itertools.count()
+_created: set[str] = set()   # segments this process made (its resource tracker unlinks them on a crash)
 
 
 def shareable(recommender) -> bool:
@@ -71,8 +72,11 @@ def _model_arrays(model) -> dict[str, np.ndarray]:
     return {"stats": model.stats, "counters": model.counters, **model._state_arrays()}
 
 
-def _bind_model(model, views: dict[str, np.ndarray]) -> None:
-    """Make ``model`` use these arrays (the shared views) as its state, in place of its own."""
+def _bind_model(model, views: dict[str, np.ndarray], block: "SharedBlock") -> None:
+    """Make ``model`` use these arrays (the shared views) as its state, in place of its own; the
+    model keeps the block, so the mapping lives as long as the model (closing it under live views
+    would crash the process)."""
+    model._shared_block = block
     views = dict(views)
     model.stats, model.counters = views.pop("stats"), views.pop("counters")
     model._load_state_arrays(views)
@@ -115,11 +119,14 @@ class SharedBlock:
         shm.buf[:8] = len(raw).to_bytes(8, "little")
         shm.buf[8:8 + len(raw)] = raw
         block = cls(shm, header, owner=True)
+        _created.add(shm._name)
         views = {name: block.view(name) for name in arrays}
         for name, a in arrays.items():
             views[name][...] = a
-        _bind_model(model, {n[6:]: v for n, v in views.items() if n.startswith("model.")})
-        recommender.pairs_seen.cells, recommender.users_seen.cells = views["pairs_seen"], views["users_seen"]
+        _bind_model(model, {n[6:]: v for n, v in views.items() if n.startswith("model.")}, block)
+        for name in ("pairs_seen", "users_seen"):
+            bloom = getattr(recommender, name)
+            bloom.cells, bloom._shared_block = views[name], block
         return block
 
     @classmethod
@@ -128,7 +135,8 @@ class SharedBlock:
         shm = shared_memory.SharedMemory(name)
         # Python < 3.13 registers every attached segment with this process's resource tracker,
         # which would unlink it when the reader exits: the learner owns it
-        resource_tracker.unregister(shm._name, "shared_memory")
+        if shm._name not in _created:
+            resource_tracker.unregister(shm._name, "shared_memory")
         hlen = int.from_bytes(shm.buf[:8], "little")
         return cls(shm, json.loads(bytes(shm.buf[8:8 + hlen])), owner=False)
 
@@ -141,13 +149,13 @@ class SharedBlock:
         cls = MODELS[self.header["model_class"]]
         model = cls(**cls._upgrade_params(self.header["params"]))
         _bind_model(model, {name[6:]: self.view(name) for name in self.header["arrays"]
-                            if name.startswith("model.")})
+                            if name.startswith("model.")}, self)
         return model
 
     def bloom(self, name: str) -> BloomFilter:
         """The Bloom filter ``name`` ("pairs_seen" or "users_seen") over the shared bits."""
         bloom = BloomFilter(**self.header[name])   # np.zeros: its pages are never touched
-        bloom.cells = self.view(name)
+        bloom.cells, bloom._shared_block = self.view(name), self
         return bloom
 
     # the catalogue --------------------------------------------------------------------------------
