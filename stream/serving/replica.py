@@ -121,7 +121,7 @@ class ReplicaService:
     def __init__(self, block: SharedBlock, admin_url: str | None = None, admin_token: str | None = None):
         self.block, self.admin_url, self.admin_token = block, admin_url, admin_token
         self.read_only = bool(block.header.get("read_only"))
-        self.checkpoints = block.header.get("checkpoints")   # the learner's (None: none)
+        self.checkpoints = True if block.header.get("checkpoints") else None   # the learner has a store
         self.origin = block.header.get("origin", {})
         self.health = ReplicaHealth()
         self.recommender = ReplicaRecommender.over(block)

@@ -124,7 +124,7 @@ class WorkerPool:
         svc = self.service
         block = SharedBlock.create(svc.recommender, extra={
             "read_only": svc.read_only, "origin": svc.origin,
-            "checkpoints": None if svc.checkpoints is None else str(svc.checkpoints.directory)})
+            "checkpoints": svc.checkpoints is not None})
         self.publisher.publish(block, popular=True)
         return block
 
