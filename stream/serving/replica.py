@@ -196,19 +196,25 @@ class ReplicaService:
         return self._forward("checkpoint")
 
 
-def replica_main(argv: list[str]) -> int:
-    """The reader process (see module docstring)."""
+def uvicorn_server(app):
+    """uvicorn over ``app`` as ``server.ServerThread`` runs it (JSON 400s), for pre-bound sockets."""
     import uvicorn
 
-    from sketchrec.replay.cli.admin import ENV
-    from sketchrec.stream.serving.http import create_app
     from sketchrec.stream.serving.server import _json_400_protocol
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                         http=_json_400_protocol()))
+
+
+def replica_main(argv: list[str]) -> int:
+    """The reader process (see module docstring)."""
+    from sketchrec.replay.cli.admin import ENV
+    from sketchrec.stream.serving import server as servers
+    from sketchrec.stream.serving.http import create_app
     name, fd, index, admin_url, access = argv
     block = SharedBlock.attach(name)
     service = ReplicaService(block, admin_url or None, os.environ.get(ENV))
     app = create_app(service, service.admin_token, {"on": True, "off": False}[access])
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                           http=_json_400_protocol()))
+    server = uvicorn_server(app)
     stop = threading.Event()
     threading.Thread(target=service.follow_forever, args=(stop,), daemon=True, name="follow").start()
     threading.Thread(target=lambda: (stop.wait(), setattr(server, "should_exit", True)), daemon=True).start()
@@ -217,6 +223,8 @@ def replica_main(argv: list[str]) -> int:
     deadline = time.monotonic() + 2   # and for the popular list (published every POPULAR_S)
     while not len(service.recommender.popularity) and len(service.recommender.catalogue) and time.monotonic() < deadline:
         time.sleep(POLL_S)
+    # the serving process's settings of server.ServerThread's (a frozen start-up heap: no GC stall)
+    getattr(servers, "settle_for_serving", lambda: None)()
     block.ctl[READY_BASE + int(index)] = os.getpid()
     server.run(sockets=[socket.socket(fileno=int(fd))])
     return 0

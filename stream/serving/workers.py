@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from sketchrec.stream.serving.replica import READY_BASE
+from sketchrec.stream.serving.replica import READY_BASE, uvicorn_server
 from sketchrec.stream.serving.shared import PUBLISH_S, SharedBlock, plain, shareable
 
 __all__ = ["WorkerPool", "default_workers", "shareable"]
@@ -129,12 +129,8 @@ class WorkerPool:
         return block
 
     def _serve_learner(self) -> None:
-        import uvicorn
-
-        from sketchrec.stream.serving.server import _json_400_protocol
         self.admin_sock = socket.create_server(("127.0.0.1", 0))
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off",
-                                                    http=_json_400_protocol()))
+        self.server = uvicorn_server(self.app)
         sockets = [self.admin_sock] + ([self.sock] if self.learner_serves else [])
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets},
                                        daemon=True, name="http")
