@@ -39,7 +39,7 @@ def start_server(service, serving: ServingSettings, reload_every: float | None =
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # end as on Ctrl-C: workers stopped
             signal.signal(signal.SIGTERM, signal.default_int_handler)
         pool = WorkerPool(service, serving.listen, workers, serving.admin_token, serving.access,
-                          reload_every=reload_every).start()
+                          reload_every=reload_every, nice=serving.worker_nice).start()
         print(f"serving {pool.url} from {workers} worker processes (admin endpoints "
               f"{'enabled' if pool.app.state.admin else 'disabled'}, answered by the learner; "
               f"per-user access control {pool.access_flag})", file=sys.stderr, flush=True)
@@ -77,7 +77,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     add_access_args(ap)
     args = ap.parse_args(argv)
     serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
-                              ACCESS[args.access_control], args.workers)
+                              ACCESS[args.access_control], args.workers, args.worker_nice)
     try:
         service = LearningService.from_checkpoint(args.checkpoint)
     except (FileNotFoundError, ValueError) as exc:  # none, none verifies, or a ledger refused

@@ -8,7 +8,7 @@ forwarded to the learner's loopback endpoint. When the learner moves to a new bl
 replica that loaded a newer checkpoint) the follower attaches to it and swaps the recommender in
 one reference assignment, as ``LearningService.reload_if_newer`` does.
 
-Run as ``python -m sketchrec.stream.serving.replica BLOCK FD INDEX ADMIN_URL ACCESS``: it serves
+Run as ``python -m sketchrec.stream.serving.replica BLOCK FD INDEX ADMIN_URL ACCESS NICE``: it serves
 the listening socket FD (inherited) until SIGINT/SIGTERM, or until its parent is gone.
 """
 
@@ -210,7 +210,8 @@ def replica_main(argv: list[str]) -> int:
     from sketchrec.replay.cli.admin import ENV
     from sketchrec.stream.serving import server as servers
     from sketchrec.stream.serving.http import create_app
-    name, fd, index, admin_url, access = argv
+    name, fd, index, admin_url, access, nice = argv
+    os.nice(int(nice))   # > 0: the learner (and its learning rate) goes first on a busy machine
     block = SharedBlock.attach(name)
     service = ReplicaService(block, admin_url or None, os.environ.get(ENV))
     app = create_app(service, service.admin_token, {"on": True, "off": False}[access])

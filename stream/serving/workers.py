@@ -69,12 +69,13 @@ class WorkerPool:
     the same interface as ``server.ServerThread`` (``url``, ``port``, ``thread``, ``stop``)."""
 
     def __init__(self, service, listen: tuple[str, int], workers: int, admin_token: str | None = None,
-                 access="auto", learner_serves: bool = False, reload_every: float | None = None):
+                 access="auto", learner_serves: bool = False, reload_every: float | None = None,
+                 nice: int = 0):
         if not shareable(service.recommender):
             raise ValueError("only a SketchMF recommender can be served from several processes")
         self.service, self.workers, self.learner_serves = service, int(workers), learner_serves
         self.admin_token, self.access, self.reload_every = admin_token, access, reload_every
-        self.host = listen[0]
+        self.host, self.nice = listen[0], int(nice)
         self.sock = socket.create_server(listen, backlog=2048)
         self.sock.set_inheritable(True)
         self.blocks: list[tuple[SharedBlock, float]] = []   # (block, unlink after): moved away from
@@ -141,7 +142,7 @@ class WorkerPool:
         admin_url = "http://127.0.0.1:%d" % self.admin_sock.getsockname()[1]
         return subprocess.Popen(
             [sys.executable, "-m", "sketchrec.stream.serving.replica", self.block.name,
-             str(self.sock.fileno()), str(index), admin_url, self.access_flag],
+             str(self.sock.fileno()), str(index), admin_url, self.access_flag, str(self.nice)],
             pass_fds=(self.sock.fileno(),), env=self.env, stdin=subprocess.DEVNULL)
 
     # running ----------------------------------------------------------------------------------
