@@ -218,7 +218,14 @@ def replica_main(argv: list[str]) -> int:
     server = uvicorn_server(app)
     stop = threading.Event()
     threading.Thread(target=service.follow_forever, args=(stop,), daemon=True, name="follow").start()
-    threading.Thread(target=lambda: (stop.wait(), setattr(server, "should_exit", True)), daemon=True).start()
+
+    def end_when_stopped():   # the learner is gone: end gracefully, and surely within 5 s
+        stop.wait()
+        server.should_exit = True
+        time.sleep(5)
+        os._exit(0)
+
+    threading.Thread(target=end_when_stopped, daemon=True).start()
 
     service.warm_up()   # before accepting: a connection waits for a warm worker, never a 503
     deadline = time.monotonic() + 2   # and for the popular list (published every POPULAR_S)
