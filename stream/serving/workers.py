@@ -1,5 +1,5 @@
 """Serving from several processes: the learner keeps the model in shared memory, N reader
-processes (``serving.replica``) answer from it on one listening port.
+processes (``serving.reader``) answer from it on one listening port.
 
 ``WorkerPool`` (in the learner's process) moves the recommender's arrays into a ``SharedBlock``,
 binds the port once and hands the socket to each reader (the kernel gives each new connection to
@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from sketchrec.stream.serving.replica import READY_BASE, uvicorn_server
+from sketchrec.stream.serving.reader import READY_BASE, uvicorn_server
 from sketchrec.stream.serving.shared import PUBLISH_S, SharedBlock, plain, shareable
 
 __all__ = ["WorkerPool", "default_workers", "shareable"]
@@ -141,7 +141,7 @@ class WorkerPool:
         self.block.ctl[READY_BASE + index] = 0
         admin_url = "http://127.0.0.1:%d" % self.admin_sock.getsockname()[1]
         return subprocess.Popen(
-            [sys.executable, "-m", "sketchrec.stream.serving.replica", self.block.name,
+            [sys.executable, "-m", "sketchrec.stream.serving.reader", self.block.name,
              str(self.sock.fileno()), str(index), admin_url, self.access_flag, str(self.nice)],
             pass_fds=(self.sock.fileno(),), env=self.env, stdin=subprocess.DEVNULL)
 

@@ -8,7 +8,7 @@ forwarded to the learner's loopback endpoint. When the learner moves to a new bl
 replica that loaded a newer checkpoint) the follower attaches to it and swaps the recommender in
 one reference assignment, as ``LearningService.reload_if_newer`` does.
 
-Run as ``python -m sketchrec.stream.serving.replica BLOCK FD INDEX ADMIN_URL ACCESS NICE``: it serves
+Run as ``python -m sketchrec.stream.serving.reader BLOCK FD INDEX ADMIN_URL ACCESS NICE``: it serves
 the listening socket FD (inherited) until SIGINT/SIGTERM, or until its parent is gone.
 """
 
@@ -205,7 +205,7 @@ def uvicorn_server(app):
                                          http=_json_400_protocol()))
 
 
-def replica_main(argv: list[str]) -> int:
+def reader_main(argv: list[str]) -> int:
     """The reader process (see module docstring)."""
     from sketchrec.replay.cli.admin import ENV
     from sketchrec.stream.serving import server as servers
@@ -239,4 +239,4 @@ def replica_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(replica_main(sys.argv[1:]))
+    sys.exit(reader_main(sys.argv[1:]))
