@@ -200,11 +200,13 @@ class ServingSettings:
     admin_token: str | None = None
     checkpoint: Path | None = None
     access: str | bool = "auto"             # create_app's ``access``: "auto", True or False
+    workers: int | None = None              # --workers; None: one per core
+    worker_nice: int = 0                    # --worker-nice
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServingSettings":
         return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token,
-                   args.checkpoint, ACCESS[args.access_control])
+                   args.checkpoint, ACCESS[args.access_control], args.workers, args.worker_nice)
 
 
 @dataclass(frozen=True)

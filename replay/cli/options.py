@@ -190,6 +190,17 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--checkpoint", metavar="DIR", type=directory,
                     help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
     add_access_args(ap)
+    add_workers_arg(ap)
+
+
+def add_workers_arg(ap: argparse.ArgumentParser) -> None:
+    """--workers: HTTP serving processes (README "Serving from several processes")."""
+    ap.add_argument("--workers", type=positive_int, metavar="N",
+                    help="serving processes answering from the live model in shared memory "
+                    "(default: one per core; 1: serve from the learning process itself)")
+    ap.add_argument("--worker-nice", type=nonnegative_int, default=0, metavar="N",
+                    help="niceness of the serving processes: e.g. 10 keeps learning near its alone "
+                    "rate under load, at the cost of request latency (README)")
 
 
 def add_access_args(ap: argparse.ArgumentParser) -> None:

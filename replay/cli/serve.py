@@ -13,7 +13,8 @@ from typing import Callable
 
 from sketchrec.replay.cli.admin import add_admin_token_args
 from sketchrec.replay.cli.config import ServingSettings
-from sketchrec.replay.cli.options import ACCESS, add_access_args, parse_host_port
+from sketchrec.replay.cli.options import ACCESS, add_access_args, add_workers_arg, parse_host_port
+from sketchrec.stream.serving.server import ServerThread
 
 
 def on_stop_signal(action: Callable[[], None]) -> None:
@@ -26,10 +27,23 @@ def on_stop_signal(action: Callable[[], None]) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def start_server(service, serving: ServingSettings):
-    """The live endpoint over ``service``, listening on ``serving.listen`` = (host, port)."""
+def start_server(service, serving: ServingSettings, reload_every: float | None = None):
+    """The live endpoint over ``service``, listening on ``serving.listen`` = (host, port): with
+    ``serving.workers`` > 1 (and a model that can be shared), that many reader processes over the
+    model in shared memory (``stream.serving.workers``), else a server thread in this process."""
     from sketchrec.stream.serving.http import create_app
     from sketchrec.stream.serving.server import ServerThread
+    from sketchrec.stream.serving.workers import WorkerPool, default_workers, shareable
+    workers = serving.workers or default_workers()
+    if workers > 1 and shareable(service.recommender):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # end as on Ctrl-C: workers stopped
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+        pool = WorkerPool(service, serving.listen, workers, serving.admin_token, serving.access,
+                          reload_every=reload_every, nice=serving.worker_nice).start()
+        print(f"serving {pool.url} from {workers} worker processes (admin endpoints "
+              f"{'enabled' if pool.app.state.admin else 'disabled'}, answered by the learner; "
+              f"per-user access control {pool.access_flag})", file=sys.stderr, flush=True)
+        return pool
     app = create_app(service, serving.admin_token, serving.access)
     # until the prediction kernels are compiled, /predict answers 503 at once (not after ~10 s)
     service.health.ready = False
@@ -58,17 +72,24 @@ def serve_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8000")
     ap.add_argument("--reload-every", type=float, default=5.0, metavar="S",
                     help="seconds between checks for a newer checkpoint")
+    add_workers_arg(ap)
     add_admin_token_args(ap)
     add_access_args(ap)
     args = ap.parse_args(argv)
     serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
-                              ACCESS[args.access_control])
+                              ACCESS[args.access_control], args.workers, args.worker_nice)
     try:
         service = open_checkpoint(args.checkpoint)   # a joint-DP model's or a learning model's
     except (FileNotFoundError, ValueError) as exc:  # none, none verifies, or a ledger refused
         print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    server = start_server(service, serving)
+    try:
+        server = start_server(service, serving, reload_every=args.reload_every)
+    except KeyboardInterrupt:   # SIGINT/SIGTERM while the workers start: they are stopped
+        return 0
+    if not isinstance(server, ServerThread):   # the worker pool reloads into shared memory itself
+        serve_until_interrupted(server)
+        return 0
 
     def reload_loop():
         while server.thread.is_alive():

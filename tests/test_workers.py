@@ -1,0 +1,137 @@
+"""Serving from several processes (``stream.serving.workers``): reader processes answer from the
+model the learner keeps in shared memory, while it learns."""
+
+import json
+import math
+import multiprocessing
+import os
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from sketchrec.data import SyntheticStream, read_ratings
+from sketchrec.models import SketchMF
+from sketchrec.privacy.access import KEY_ENV, UserTokens
+from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.serving.recommender import Recommender
+from sketchrec.stream.serving.service import LearningService
+from sketchrec.stream.serving.shared import PREFIX
+from sketchrec.stream.serving.workers import WorkerPool
+
+TOKEN = "workers-admin"
+K = 10
+
+
+def _hammer(url: str, users: list, seconds: float) -> list:
+    """A client process: /recommend for these users, round robin, for ``seconds``."""
+    out = []
+    with httpx.Client(base_url=url, timeout=10) as client:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            user = users[len(out) % len(users)]
+            r = client.get("/recommend", params={"user": user, "k": K})
+            out.append((user, r.status_code, r.text))
+    return out
+
+
+def _segments() -> set:
+    return {name for name in os.listdir("/dev/shm") if name.startswith(PREFIX)}
+
+
+@pytest.fixture(scope="module")
+def data(ml100k):
+    return read_ratings(ml100k)[0]
+
+
+def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
+    first, rest = data.take(slice(0, 50_000)), data.take(slice(50_000, None))
+    rec = Recommender(SketchMF(capacity=3000, dim=16), pair_capacity=200_000, user_capacity=10_000)
+    rec.learn_many(first.users, first.items, first.ratings)
+    service = LearningService(rec, CheckpointStore(tmp_path))
+    before = _segments()
+    pool = WorkerPool(service, ("127.0.0.1", 0), 2, admin_token=TOKEN, access=False).start()
+    mine = _segments() - before
+    seen: dict = {}
+    for u, i in zip(first.users.tolist(), first.items.tolist()):
+        seen.setdefault(str(u), set()).add(str(i))
+    users = sorted(seen)[:200]
+    stop = threading.Event()
+
+    def learn():   # the second half, over and over (slowly enough to leave the clients a core)
+        while not stop.is_set():
+            for batch in rest.batches(2000):
+                if stop.is_set():
+                    break
+                rec.learn_many(batch.users, batch.items, batch.ratings)
+                time.sleep(0.002)
+
+    learner = threading.Thread(target=learn)
+    try:
+        base = httpx.get(f"{pool.url}/stats").json()["ratings_learned"]
+        probe = httpx.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"]
+        learner.start()
+        with multiprocessing.get_context("spawn").Pool(3) as clients:
+            answers = sum(clients.starmap(_hammer, [(pool.url, users[n::3], 3.0) for n in range(3)]), [])
+        assert len(answers) > 50
+        for user, status, text in answers:
+            assert status == 200, text
+            body = json.loads(text)
+            assert len(body["items"]) == K and body["source"] == "model"
+            assert all(math.isfinite(x["score"]) for x in body["items"])
+            assert not {str(x["item"]) for x in body["items"]} & seen[user], "a rated item was recommended"
+        # the readers see learning progress: the counters live in the shared block, the cells too
+        stats = httpx.get(f"{pool.url}/stats").json()
+        assert stats["ratings_learned"] > base and stats["worker_pid"] in pool.pids()
+        assert httpx.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"] != probe
+        # a new item reaches every reader's catalogue within the publication interval (+ slack)
+        stop.set()
+        learner.join()
+        rec.learn_many(np.array(["1"], dtype=object), np.array(["brand-new"], dtype=object), np.array([5.0]))
+        t0 = time.monotonic()
+        while httpx.get(f"{pool.url}/stats").json()["catalogue_items"] != len(rec.catalogue):
+            assert time.monotonic() - t0 < 2.0, "the catalogue was not published"
+        # admin verbs sent to any worker act on the learner
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert httpx.post(f"{pool.url}/pause", headers=auth).json() == {"paused": True}
+        assert not rec.learning.is_set()
+        assert httpx.post(f"{pool.url}/resume", headers=auth).json() == {"paused": False}
+        assert rec.learning.is_set()
+        assert httpx.post(f"{pool.url}/checkpoint", headers=auth).json()["ratings_learned"] == rec.model.n_learned
+        assert httpx.post(f"{pool.url}/pause").status_code == 401
+    finally:
+        stop.set()
+        readers = pool.pids()
+        pool.stop()
+    assert mine and not mine & _segments(), "a shared-memory segment was left behind"
+    for pid in readers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_read_replica_moves_to_a_newer_checkpoint(tmp_path):
+    data = SyntheticStream(n_ratings=8000, n_users=300, n_items=200, seed=0).all()
+    rec = Recommender(SketchMF(capacity=500, dim=16), pair_capacity=50_000)
+    rec.learn_many(data.users[:5000], data.items[:5000], data.ratings[:5000])
+    writer = LearningService(rec, CheckpointStore(tmp_path))
+    writer.checkpoint()
+    replica = LearningService.from_checkpoint(tmp_path)
+    before = _segments()
+    pool = WorkerPool(replica, ("127.0.0.1", 0), 1, access=True, reload_every=0.1).start()   # one reader: lean
+    token = {"token": UserTokens(bytes.fromhex(pool.env[KEY_ENV])).mint("3")}   # the learner's key
+    try:
+        assert httpx.get(f"{pool.url}/stats").json()["ratings_learned"] == 5000
+        assert httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4"}).status_code == 401
+        rec.learn_many(data.users[5000:], data.items[5000:], data.ratings[5000:])
+        writer.checkpoint()
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{pool.url}/stats").json()["ratings_learned"] != 8000:
+            assert time.monotonic() < deadline, "the newer checkpoint was not served"
+            time.sleep(0.05)
+        served = httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4", **token}).json()["rating"]
+        assert served == pytest.approx(rec.predict("3", "4"))
+    finally:
+        pool.stop()
+    assert not (_segments() - before)
