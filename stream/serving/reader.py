@@ -196,15 +196,6 @@ class ReplicaService:
         return self._forward("checkpoint")
 
 
-def uvicorn_server(app):
-    """uvicorn over ``app`` as ``server.ServerThread`` runs it (JSON 400s), for pre-bound sockets."""
-    import uvicorn
-
-    from sketchrec.stream.serving.server import _json_400_protocol
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                                         http=_json_400_protocol()))
-
-
 def reader_main(argv: list[str]) -> int:
     """The reader process (see module docstring)."""
     from sketchrec.replay.cli.admin import ENV
@@ -215,7 +206,7 @@ def reader_main(argv: list[str]) -> int:
     block = SharedBlock.attach(name)
     service = ReplicaService(block, admin_url or None, os.environ.get(ENV))
     app = create_app(service, service.admin_token, {"on": True, "off": False}[access])
-    server = uvicorn_server(app)
+    server = servers.uvicorn_server(app)
     stop = threading.Event()
     threading.Thread(target=service.follow_forever, args=(stop,), daemon=True, name="follow").start()
 
@@ -232,7 +223,7 @@ def reader_main(argv: list[str]) -> int:
     while not len(service.recommender.popularity) and len(service.recommender.catalogue) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     # the serving process's settings of server.ServerThread's (a frozen start-up heap: no GC stall)
-    getattr(servers, "settle_for_serving", lambda: None)()
+    servers.settle_for_serving()
     block.ctl[READY_BASE + int(index)] = os.getpid()
     server.run(sockets=[socket.socket(fileno=int(fd))])
     return 0

@@ -105,14 +105,20 @@ def settle_for_serving() -> None:
     gc.freeze()
 
 
+def uvicorn_server(app, **bind):
+    """uvicorn over ``app`` as every serving process runs it: httptools on uvloop where installed,
+    JSON 400s for malformed requests, no access log; ``bind``: host and port (none for a
+    pre-bound socket passed to ``run(sockets=...)``)."""
+    import uvicorn
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                         http=_json_400_protocol(), loop=_loop(), **bind))
+
+
 class ServerThread:
     """uvicorn serving ``app`` on ``host:port`` (port 0: a free one) from a daemon thread."""
 
     def __init__(self, app, host: str, port: int):
-        import uvicorn
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                    lifespan="off", http=_json_400_protocol(),
-                                                    loop=_loop(), access_log=False))
+        self.server = uvicorn_server(app, host=host, port=port)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="http")
 
     def start(self, timeout: float = 10.0) -> "ServerThread":

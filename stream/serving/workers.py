@@ -24,8 +24,9 @@ import sys
 import threading
 import time
 
-from sketchrec.stream.serving.reader import READY_BASE, uvicorn_server
-from sketchrec.stream.serving.shared import PUBLISH_S, SharedBlock, plain, shareable
+from sketchrec.stream.serving.reader import READY_BASE
+from sketchrec.stream.serving.server import uvicorn_server
+from sketchrec.stream.serving.shared import PUBLISH_S, SharedBlock, shareable
 
 __all__ = ["WorkerPool", "default_workers", "shareable"]
 
