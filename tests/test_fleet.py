@@ -1,0 +1,165 @@
+"""A fleet on a real broker: learners that share one model through the model topic, one killed
+with SIGKILL and one added mid-stream, and a read-only serving replica (issue 20).
+
+The stream is SKETCHREC_FLEET_RATINGS ratings (default 300,000) on a 6-partition topic, produced
+at a steady rate while the fleet learns, so that the kill and the join land mid-stream."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from sketchrec.data import SyntheticStream
+from sketchrec.stream.kafka.producer import produce
+from conftest import free_port
+
+N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 300_000))
+MODEL = ["--dim", "8", "--capacity", "6000", "--seed", "3"]
+
+
+def member_cmd(bootstrap, topic, port):
+    return [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
+            "--group", f"g-{topic}", "--fleet", "--sync-ms", "100", "--snapshot-seconds", "4",
+            "--expected-ratings", str(2 * N), *MODEL, "--serve", f"127.0.0.1:{port}"]
+
+
+def serve_cmd(bootstrap, topic, port):
+    return [sys.executable, "-m", "sketchrec", "serve", "--bootstrap", bootstrap, "--topic", topic,
+            "--listen", f"127.0.0.1:{port}"]
+
+
+def stats(port: int) -> dict | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
+    except (httpx.TransportError, ValueError):
+        return None
+
+
+def learned(port: int) -> int:
+    return (stats(port) or {}).get("ratings_learned", -1)
+
+
+class Fleet:
+    def __init__(self, bootstrap, topic, tmp_path):
+        self.bootstrap, self.topic, self.tmp = bootstrap, topic, tmp_path
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, cmd_of) -> int:
+        port = free_port()
+        log = open(self.tmp / f"proc-{port}.log", "w")
+        self.procs[port] = subprocess.Popen(cmd_of(self.bootstrap, self.topic, port),
+                                            stdout=log, stderr=subprocess.STDOUT)
+        return port
+
+    def alive(self) -> list[int]:
+        return [p for p, proc in self.procs.items() if proc.poll() is None]
+
+    def log(self, port) -> str:
+        return (self.tmp / f"proc-{port}.log").read_text()[-3000:]
+
+    def wait(self, condition, what: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            dead = [p for p, proc in self.procs.items() if proc.poll() not in (None, -9)]
+            assert not dead, "\n".join(self.log(p) for p in dead)
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: " + \
+                ", ".join(f"{p}={learned(p)}" for p in self.alive())
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict:
+    from kafka import KafkaConsumer, TopicPartition
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+    ends = {str(tp.partition): offset for tp, offset in consumer.end_offsets(tps).items()}
+    consumer.close()
+    return ends
+
+
+def single_learner_rmse(data) -> float:
+    """Prequential RMSE of one learner over the same ratings (the CLI's model, batches of 500)."""
+    from sketchrec.replay.cli.consume import build_parser
+    from sketchrec.replay.cli.config import ModelSettings
+    args = build_parser().parse_args(["--bootstrap", "x", "--topic", "t", *MODEL])
+    model = ModelSettings.from_args(args, False).build(args.capacity)
+    sq = 0.0
+    for at in range(0, len(data), 500):
+        part = data.take(slice(at, at + 500))
+        predictions = model.learn_many(part.users, part.items, part.ratings)
+        sq += float(((predictions - part.ratings) ** 2).sum())
+    return float(np.sqrt(sq / len(data)))
+
+
+def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path):
+    topic = f"fleet-{uuid.uuid4().hex[:8]}"
+    data = SyntheticStream(n_ratings=N, n_users=4000, n_items=1500, seed=5).all()
+    rng = np.random.default_rng()
+    fleet = Fleet(kafka_bootstrap, topic, tmp_path)
+    produce(data.take(slice(0, 1000)), kafka_bootstrap, topic, batch=20, partitions=6)
+    try:
+        members = [fleet.start(member_cmd) for _ in range(3)]
+        replica = fleet.start(serve_cmd)
+        fleet.wait(lambda: all(learned(p) > 0 for p in members), "the first members to learn")
+        rest = data.take(slice(1000, N))
+        sender = threading.Thread(target=produce, args=(rest, kafka_bootstrap, topic),
+                                  kwargs={"batch": 20, "partitions": 6, "rate": N / 20})
+        sender.start()
+        kill_at, join_at = sorted(rng.uniform(0.15 * N, 0.6 * N, 2).astype(int))
+        fleet.wait(lambda: learned(replica) >= kill_at, f"{kill_at:,} ratings")
+        victim = members[rng.integers(3)]
+        fleet.procs[victim].send_signal(signal.SIGKILL)
+        fleet.procs[victim].wait()
+        fleet.wait(lambda: learned(replica) >= join_at, f"{join_at:,} ratings")
+        members.append(fleet.start(member_cmd))
+        sender.join(timeout=120)
+        live = [p for p in members if p != victim] + [replica]
+        fleet.wait(lambda: all(learned(p) == N for p in live), f"{N:,} ratings everywhere", 180)
+
+        pairs = list(zip(rng.choice(data.users, 1000).tolist(), rng.choice(data.items, 1000).tolist()))
+        answers = {}
+        with httpx.Client(timeout=5) as client:
+            for port in live:
+                answers[port] = np.array([client.get(f"http://127.0.0.1:{port}/predict",
+                                                     params={"user": u, "item": i}).json()["rating"]
+                                          for u, i in pairs])
+        first = answers[replica]
+        for port, values in answers.items():
+            assert np.max(np.abs(values - first)) < 1e-4, port
+        figures = [stats(p) for p in live]
+        assert {f["ratings_learned"] for f in figures} == {N}
+        ends = end_offsets(kafka_bootstrap, topic)
+        assert all(f["offsets"] == ends for f in figures)  # every offset covered, the last one by each
+        fleet_rmse = figures[0]["prequential_rmse"]
+        assert all(f["prequential_rmse"] == pytest.approx(fleet_rmse) for f in figures)
+        assert abs(fleet_rmse - single_learner_rmse(data)) <= 0.01 * fleet_rmse
+    finally:
+        fleet.stop()
+
+
+def test_fleet_options_are_checked():
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "sketchrec", "consume", "--bootstrap", "x:1",
+                               "--topic", "t", *extra], capture_output=True, text=True, timeout=60)
+
+    assert "--fleet needs --group" in run("--fleet").stderr
+    assert "not in --checkpoint" in run("--fleet", "--group", "g", "--checkpoint", "d").stderr
+    refused = run("--fleet", "--group", "g", "--dp-epsilon", "1")
+    assert refused.returncode == 2 and "do not run as a fleet" in refused.stderr
+    assert "or --fleet with --group" in run("--group", "g").stderr
