@@ -167,3 +167,12 @@ def touch(keys, families, counts, vectors, store, key, family, slot, clock, addr
     keys[victim], families[victim], counts[victim] = key, family, smallest + 1
     return victim
 
+
+
+@njit(cache=True)
+def bucket_starts(keys, families, n_slots):
+    """First slot of each id's bucket, for code that places ids itself (``models.fleet_slots``)."""
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    for n in range(keys.shape[0]):
+        out[n] = _bucket_start(keys[n], families[n], n_slots)
+    return out

@@ -163,6 +163,10 @@ class HeavyHitters:
         if len(self._tracked) > self.capacity:
             self._trim()
 
+    def replace(self, tracked: dict) -> None:
+        """Follow exactly these ids ({id: key}, at most ``capacity``), in this order for ties."""
+        self._tracked = dict(list(tracked.items())[:self.capacity])
+
     def _trim(self) -> None:
         ids = list(self._tracked)
         counts = self.sketch.estimate_many(np.fromiter(self._tracked.values(), dtype=np.uint64,

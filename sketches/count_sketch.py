@@ -99,6 +99,24 @@ def _update_many(cells, salts, keys, deltas):
         scatter_add(cells, addr, sign, deltas[n])
 
 
+def scatter_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray, deltas: np.ndarray) -> None:
+    """Add ``deltas[n]`` to the vector of ``keys[n]`` in raw ``cells`` (any float dtype, e.g. a
+    float64 copy) addressed by ``salts`` (depth x components): what ``update_many`` does to a
+    sketch's own cells, for holders of cell arrays (model replicas, see ``models.replica``)."""
+    if len(keys):
+        _update_many(cells, np.ascontiguousarray(salts), np.ascontiguousarray(keys, dtype=np.uint64),
+                     np.ascontiguousarray(deltas, dtype=np.float64))
+
+
+def gather_rows(cells: np.ndarray, salts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The mean estimates (n, components) of ``keys`` in raw ``cells`` addressed by ``salts``."""
+    out = np.zeros((len(keys), salts.shape[1]), dtype=np.float64)
+    if len(keys):
+        _read_many(cells, np.ascontiguousarray(salts), np.ascontiguousarray(keys, dtype=np.uint64),
+                   False, out)
+    return out
+
+
 class CountSketch(Sketch):
     """A ``depth x width`` float32 count sketch holding d-dimensional vectors per id.
 

@@ -105,6 +105,8 @@ class Recommender:
         self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
         self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
         self.catalogue = Catalogue()
+        # called with (user keys, item keys) of every learned batch (stream.serving.replica)
+        self.observers: list = []
         # runtime state, never checkpointed
         self.refresh_s = refresh_s
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
@@ -131,6 +133,8 @@ class Recommender:
         self.learning.wait()
         users, items = np.asarray(users), np.asarray(items)
         ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)
+        for observe in self.observers:
+            observe(ukeys, ikeys)
         real = real_rows(users)
         users, items, ukeys, ikeys = users[real], items[real], ukeys[real], ikeys[real]
         self.pairs_seen.add_many(pair_keys(ukeys, ikeys))
