@@ -26,7 +26,7 @@ def run_member(config) -> int:
         service = open_replica(config.bootstrap, fleet.model_topic, empty, member)
         service.health.broker_lost_after = config.broker_lost_after
         learner = FleetLearner(service, config.bootstrap, config.topic, config.group,
-                               fleet.model_topic, fleet.sync_ms, fleet.snapshot_seconds,
+                               fleet.model_topic, fleet.sync_ms, fleet.snapshot_seconds, fleet.sync_ratings,
                                dead_topic=config.dead_topic, rating_range=config.rating_range)
     except (KafkaError, RuntimeError, TimeoutError) as exc:
         print(f"{prog}: cannot join the fleet on {config.topic!r} at {config.bootstrap}: {exc}",
@@ -48,10 +48,6 @@ def run_member(config) -> int:
     if learner.fenced is not None:
         print(f"sketchrec consume: fenced: {learner.fenced}", file=sys.stderr)
         return 3
-    if learner.unsent:
-        print(f"sketchrec consume: {len(learner.unsent)} deltas could not be published "
-              f"({service.health.checkpoint_error}); their ratings are consumed again", file=sys.stderr)
-        return 1
     return 0
 
 

@@ -95,7 +95,7 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
     state = FleetState.from_dict(snap.meta["fleet"], member)
     # the service's figures are the fleet's: what the accepted deltas say
     service.errors, service.skipped, service.offsets = state.errors, state.skipped, state.covered
-    service.fleet, service.tracker = state, DeltaTracker(recommender)
+    service.fleet, service.tracker = state, DeltaTracker(recommender, member)
     service.last_checkpoint = {"name": f"snapshot@{snap.offset}", "seq": snap.offset,
                                "ratings_learned": snap.meta.get("ratings_learned"),
                                "at": snap.meta.get("written_at")}
@@ -115,7 +115,8 @@ class FleetLearner(KafkaLearner):
     needs_checkpoints = False
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
-                 model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0, **kw):
+                 model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
+                 sync_ratings: int = 2000, **kw):
         self.state: FleetState = service.fleet
         self.tracker: DeltaTracker = service.tracker
         self.model_topic = model_topic
@@ -125,12 +126,14 @@ class FleetLearner(KafkaLearner):
         self.model_producer = model_producer(bootstrap)
         self.published: dict[str, int] = {}   # partition -> offset the model topic covers to
         self.errors, self.skipped_since = ErrorStats(), Counter()
-        self.seq, self.bytes_published, self.unsent = 0, 0, []
+        self.seq, self.bytes_published, self.inflight = 0, 0, []
         self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
+        self.sync_ratings = sync_ratings
         self.fenced: Exception | None = None
-        super().__init__(service, bootstrap, topic, group, checkpoint_every=1 << 62,
-                         checkpoint_seconds=sync_ms / 1000.0, **kw)
-        self.book = OffsetBook({}, 1 << 62, sync_ms / 1000.0)  # local positions, not the fleet's
+        super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
+                         checkpoint_seconds=sync_ms / 1000.0, max_poll_records=sync_ratings, **kw)
+        # local positions, not the fleet's (those are service.offsets)
+        self.book = OffsetBook({}, sync_ratings, sync_ms / 1000.0)
 
     # --- where state goes ------------------------------------------------------------------------
     def _record(self, skipped, predictions=None, truth=None) -> None:
@@ -151,20 +154,31 @@ class FleetLearner(KafkaLearner):
             self.consumer.seek(tp, at)
             self.book.offsets[p] = self.published[p] = at
 
+    def _learn(self, records: dict) -> None:
+        before = self.book._pending
+        super()._learn(records)
+        # replicas drift apart the more each learns alone between syncs: one poll brings about
+        # sync_ratings ratings, whatever the number of ratings per message
+        messages = sum(len(batch) for batch in records.values())
+        per_message = max(1.0, (self.book._pending - before) / max(messages, 1))
+        self.consumer.config["max_poll_records"] = max(1, int(self.sync_ratings / per_message))
+
     def checkpoint(self, why: str, blocking_commit: bool = True) -> bool:
-        """Publish what was learned since the last publish, and wait for the acknowledgement.
-        A fenced member publishes nothing more (it would be refused)."""
+        """Publish what was learned since the last publish. Before giving partitions up (and
+        for a snapshot, and at the end) wait until the broker acknowledged every delta. A
+        fenced member publishes nothing more (it would be refused)."""
         if self.fenced is not None:
             return False
         try:
-            self.producer.flush(timeout=30)  # dead letters first
             self._publish()
-        except Exception as exc:  # noqa: BLE001 - kept in self.unsent; the next interval retries
-            self.health.checkpoint_error = f"{type(exc).__name__}: {exc}"
-            log_event("publish_failed", logging.ERROR, why=why, error=self.health.checkpoint_error)
-            self.book.retry_later()
+            if why != "interval":
+                self.producer.flush(timeout=30)  # dead letters
+                self.model_producer.flush(timeout=60)
+            self._settle_inflight()
+        except Exception as exc:  # noqa: BLE001 - a delta not delivered: this replica diverged
+            self._fence(f"a delta could not be published ({type(exc).__name__}: {exc}); this "
+                        "replica holds learning the fleet does not: restart it")
             return False
-        self.health.checkpoint_error = None
         self.book.checkpointed()
         return True
 
@@ -172,27 +186,41 @@ class FleetLearner(KafkaLearner):
         covers = {int(p): (self.published[p], at) for p, at in self.book.offsets.items()
                   if at != self.published.get(p)}
         blob = self.tracker.take()
-        if covers or blob:
-            meta = encode_meta(self.state.member, self.seq, covers, self.errors, self.skipped_since)
-            self.unsent.append((blob or b"", meta))
-            self.seq += 1
-            self.published.update({str(p): end for p, (_, end) in covers.items()})
-            self.errors, self.skipped_since = ErrorStats(), Counter()
-        while self.unsent:  # in order; a retried copy is read once (same member and seq)
-            blob, meta = self.unsent[0]
-            self.model_producer.send(self.model_topic, value=blob, key=self.state.member.encode(),
-                                     partition=0, headers=[(HEADER, meta)]).get(timeout=30)
-            self.bytes_published += len(blob)
-            self.unsent.pop(0)
+        if not (covers or blob):
+            return
+        meta = encode_meta(self.state.member, self.seq, covers, self.errors, self.skipped_since)
+        # one request in flight (model_producer): the topic holds the deltas in this order
+        self.inflight.append(self.model_producer.send(
+            self.model_topic, value=blob or b"", key=self.state.member.encode(), partition=0,
+            headers=[(HEADER, meta)]))
+        self.seq += 1
+        self.bytes_published += len(blob or b"")
+        self.published.update({str(p): end for p, (_, end) in covers.items()})
+        self.errors, self.skipped_since = ErrorStats(), Counter()
+
+    def _settle_inflight(self) -> None:
+        """Drop acknowledged deltas; raise the error of one that failed (kafka-python retries
+        until its delivery timeout first)."""
+        while self.inflight and self.inflight[0].is_done:
+            future = self.inflight.pop(0)
+            if future.failed():
+                raise future.exception
+
+    def _fence(self, why: str) -> None:
+        self.fenced = Fenced(why)
+        self.stop.set()
+        log_event("fenced", logging.ERROR, error=why)
 
     def _tick(self) -> None:
         """After each poll: add the other members' deltas; the holder of partition 0 snapshots."""
         try:
             self.feed.poll(0)
+            self._settle_inflight()
         except Fenced as exc:
-            self.fenced = exc
-            self.stop.set()
-            log_event("fenced", logging.ERROR, error=str(exc))
+            self._fence(str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a delta that failed: see checkpoint()
+            self._fence(f"a delta could not be published ({type(exc).__name__}: {exc})")
             return
         if (time.monotonic() - self.last_snapshot >= self.snapshot_seconds
                 and any(tp.partition == 0 for tp in self.consumer.assignment())):
@@ -202,7 +230,7 @@ class FleetLearner(KafkaLearner):
         """Publish, read the model topic back to its end (this replica is then exactly the
         accepted deltas up to there), and write a snapshot. Its manifest's offset, or None."""
         self.last_snapshot = time.monotonic()
-        if not self.checkpoint("snapshot") or self.unsent:
+        if not self.checkpoint("snapshot"):
             return None
         self.feed.catch_up()
         offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
