@@ -21,13 +21,14 @@ from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
 from conftest import free_port
 
-N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 300_000))
+N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 100_000))  # the figure: 300,000
 MODEL = ["--dim", "8", "--capacity", "6000", "--seed", "3"]
 
 
 def member_cmd(bootstrap, topic, port):
     return [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
-            "--group", f"g-{topic}", "--fleet", "--sync-ms", "100", "--snapshot-seconds", "4",
+            "--group", f"g-{topic}", "--fleet", "--sync-ms", "100", "--sync-ratings", "500",
+            "--snapshot-seconds", "4",
             "--expected-ratings", str(2 * N), *MODEL, "--serve", f"127.0.0.1:{port}"]
 
 
@@ -140,7 +141,7 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
         fleet.wait(lambda: all(learned(p) > 0 for p in members), "the first members to learn")
         mark("first learned")
         rest = data.take(slice(1000, N))
-        sender = threading.Thread(target=send, args=(kafka_bootstrap, topic, rest, 20))
+        sender = threading.Thread(target=send, args=(kafka_bootstrap, topic, rest, N / 20_000))
         sender.start()
         kill_at, join_at = sorted(rng.uniform(0.15 * N, 0.6 * N, 2).astype(int))
         fleet.wait(lambda: learned(replica) >= kill_at, f"{kill_at:,} ratings")

