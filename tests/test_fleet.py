@@ -185,13 +185,28 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
         fleet.stop()
 
 
-def test_fleet_options_are_checked():
-    def run(*extra):
-        return subprocess.run([sys.executable, "-m", "sketchrec", "consume", "--bootstrap", "x:1",
-                               "--topic", "t", *extra], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("extra, message", [
+    (["--fleet"], "--fleet needs --group"),
+    (["--fleet", "--group", "g", "--checkpoint", "d"], "not in --checkpoint"),
+    (["--fleet", "--group", "g", "--dp-epsilon", "1"], "do not run as a fleet"),
+    (["--fleet", "--group", "g", "--ldp-debias"], "do not run as a fleet"),
+    (["--group", "g"], "or --fleet with --group"),
+    (["--group", "g", "--checkpoint", "d", "--model-topic", "m"], "--model-topic is for --fleet"),
+])
+def test_fleet_options_are_checked(extra, message, capsys):
+    from sketchrec.replay.cli.consume import ConsumeConfig, build_parser
+    ap = build_parser()
+    with pytest.raises(SystemExit) as exit_:
+        ConsumeConfig.from_args(ap.parse_args(["--bootstrap", "x:1", "--topic", "t", *extra]), ap)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
 
-    assert "--fleet needs --group" in run("--fleet").stderr
-    assert "not in --checkpoint" in run("--fleet", "--group", "g", "--checkpoint", "d").stderr
-    refused = run("--fleet", "--group", "g", "--dp-epsilon", "1")
-    assert refused.returncode == 2 and "do not run as a fleet" in refused.stderr
-    assert "or --fleet with --group" in run("--group", "g").stderr
+
+def test_fleet_mode_is_chosen_by_fleet_only():
+    from sketchrec.replay.cli.consume import ConsumeConfig, build_parser
+    ap = build_parser()
+    single = ConsumeConfig.from_args(ap.parse_args(["--bootstrap", "x:1", "--topic", "t", "--group", "g",
+                                                    "--checkpoint", "d"]), ap)
+    fleet = ConsumeConfig.from_args(ap.parse_args(["--bootstrap", "x:1", "--topic", "t", "--group", "g",
+                                                   "--fleet", "--sync-ms", "50"]), ap)
+    assert single.fleet is None
+    assert (fleet.fleet.model_topic, fleet.fleet.sync_ms) == ("t.model", 50.0)

@@ -38,11 +38,13 @@ from sketchrec.stream.kafka.producer import order_for_topic, produce
 PARTITIONS = 4
 
 
-def members(bootstrap: str, topic: str, n: int, capacity: int, idle: float = 4.0) -> list[dict]:
+def members(bootstrap: str, topic: str, n: int, capacity: int, sync_ratings: int,
+            idle: float = 4.0) -> list[dict]:
     """Run ``n`` fleet members of one group over ``topic`` until idle; their final reports."""
     cmd = [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
            "--group", f"g-{topic}-{n}", "--fleet", "--model-topic", f"{topic}.model{n}",
-           "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle)]
+           "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle),
+           "--sync-ratings", str(sync_ratings)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for _ in range(n)]
     reports = []
@@ -110,7 +112,8 @@ def probe_lag(bootstrap: str, capacity: int, probes: int) -> dict:
                 user = 10_000_000 + k
                 before = client.get(url, params={"user": user, "item": 1}).json()["rating"]
                 t0 = time.perf_counter()
-                producer.send(topic, key=str(user).encode(), value=f"{user},1,5,0".encode()).get(timeout=30)
+                # a rating far from the prediction: /predict clips to the range, so a 5 could leave it at 5
+                producer.send(topic, key=str(user).encode(), value=f"{user},1,1,0".encode()).get(timeout=30)
                 while client.get(url, params={"user": user, "item": 1}).json()["rating"] == before:
                     if time.perf_counter() - t0 > 30:
                         raise TimeoutError("a probe rating never reached the replica")
@@ -125,6 +128,33 @@ def probe_lag(bootstrap: str, capacity: int, probes: int) -> dict:
             proc.wait(timeout=30)
 
 
+def snapshot_speed(bootstrap: str, capacity: int = 200_000, dim: int = 64) -> dict:
+    """Seconds to write and to restore one snapshot of a SketchMF sized for ``capacity`` ids."""
+    from sketchrec.models import SketchMF
+    from sketchrec.stream.kafka import snapshots
+    from sketchrec.stream.kafka.fleet import (ensure_fleet_topics, model_producer, open_replica,
+                                              write_snapshot)
+    from sketchrec.stream.kafka.model_topic import FleetState
+    from sketchrec.stream.serving.recommender import Recommender
+    topic = f"bench-snap-{uuid.uuid4().hex[:6]}.model"
+    ensure_fleet_topics(bootstrap, topic)
+    rec = Recommender(SketchMF(dim=dim, capacity=capacity), pair_capacity=1_000_000)
+    rng = np.random.default_rng(0)  # cells start at zero: learn, or the snapshot compresses to nothing
+    users, items = rng.integers(0, capacity // 2, (2, 500_000))
+    rec.learn_many(users, items, rng.uniform(1, 5, 500_000))
+    producer = model_producer(bootstrap)
+    t0 = time.perf_counter()
+    write_snapshot(producer, snapshots.snapshot_topic(topic), rec, FleetState(), "SketchMF")
+    written = time.perf_counter() - t0
+    producer.close(timeout=10)
+    t0 = time.perf_counter()
+    open_replica(bootstrap, topic)
+    restored = time.perf_counter() - t0
+    raw = sum(len(b) for b in rec.state_parts().values())
+    return {"state_bytes": raw, "compressed_bytes": len(snapshots.pack(rec.state_parts())),
+            "write_s": written, "restore_s": restored, "restore_mb_per_s": raw / restored / 1e6}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
@@ -132,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--probes", type=int, default=50)
+    ap.add_argument("--sync-ratings", type=int, default=500, help="the members' --sync-ratings")
     args = ap.parse_args(argv)
     broker = None
     if args.bootstrap is None:
@@ -142,12 +173,13 @@ def main(argv: list[str] | None = None) -> dict:
         copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
                                          data.timestamps) for c in range(args.copies)])
         n, capacity = len(copies), args.copies * data.n_ids()
-        report: dict = {"ratings": n}
+        report: dict = {"ratings": n, "sync_ratings": args.sync_ratings}
         for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):
             topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
             sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
             bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
-            one, two = members(args.bootstrap, topic, 1, capacity), members(args.bootstrap, topic, 2, capacity)
+            one = members(args.bootstrap, topic, 1, capacity, args.sync_ratings)
+            two = members(args.bootstrap, topic, 2, capacity, args.sync_ratings)
             r = {"bare_consume_ratings_per_s": bare, "one_member_ratings_per_s": fleet_rate(one),
                  "two_members_ratings_per_s": fleet_rate(two),
                  "delta_bytes_per_rating": sum(m["published_bytes"] for m in two) / n}
@@ -158,6 +190,11 @@ def main(argv: list[str] | None = None) -> dict:
                   f"({r['one_member_over_bare']:.0%} of bare)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
                   f"(x{r['two_over_one']:.2f})  {r['delta_bytes_per_rating']:.1f} delta bytes/rating",
                   flush=True)
+        report["snapshot"] = snapshot_speed(args.bootstrap)
+        snap = report["snapshot"]
+        print(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "
+              f"compressed): written in {snap['write_s']:.1f} s, restored in {snap['restore_s']:.1f} s",
+              flush=True)
         if args.probes:
             report["lag_s"] = probe_lag(args.bootstrap, capacity, args.probes)
             print(f"produce -> replica /predict lag: p50 {report['lag_s']['p50'] * 1000:.0f} ms, "

@@ -169,8 +169,9 @@ def _markdown(report: dict) -> str:
                   f"{s['requests_per_s']:,.0f} requests/s ({s['client']}), p50 {s['p50_ms']:.2f} ms, "
                   f"p99 {s['p99_ms']:.2f} ms, errors {s['errors']}; learning {s['learning_per_s_alone']:,.0f} "
                   f"ratings/s alone, {s['learning_per_s_under_load']:,.0f} under load."]
-    if report.get("kafka"):
-        lines += ["", "## Kafka", "", "```", json.dumps(report["kafka"], indent=1), "```"]
+    for key, title in (("kafka", "Kafka"), ("fleet", "Fleet")):
+        if report.get(key):
+            lines += ["", f"## {title}", "", "```", json.dumps(report[key], indent=1), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, help=PATH_HELP)
     ap.add_argument("--no-kafka", action="store_true")
     ap.add_argument("--no-serving", action="store_true")
+    ap.add_argument("--fleet", action="store_true", help="also the fleet benchmark (replay.bench.fleet: "
+                    "1 vs 2 learners, delta bytes, produce -> replica lag; a few minutes)")
     args = ap.parse_args(argv)
     path = data_file(args.data)
     args.out = output_dir(args.out)
@@ -230,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             report["kafka"] = kafka(path, 1, 10_000 if q else None)
         except (ImportError, FileNotFoundError) as exc:
             report["kafka"] = {"skipped": f"no broker available: {exc}"}
+    if args.fleet:
+        from sketchrec.replay.bench.fleet import main as fleet_main
+        report["fleet"] = fleet_main([str(path), "--copies", "1" if q else "3"])
 
     ml = report["learners"]["ml100k"]
     report["ratio_sketch_over_river"] = ml["ratio_sketch_over_river"]

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--model-topic", metavar="TOPIC", help="the fleet's model topic (default TOPIC.model)")
     fleet.add_argument("--sync-ms", type=float, default=200.0, metavar="MS",
                        help="publish this member's delta every MS milliseconds")
-    fleet.add_argument("--sync-ratings", type=int, default=2000, metavar="N",
+    fleet.add_argument("--sync-ratings", type=int, default=500, metavar="N",
                        help="... or after N ratings, whichever comes first (replicas drift apart "
                        "the more each learns alone: see docs/scaling.md)")
     fleet.add_argument("--snapshot-seconds", type=float, default=60.0, metavar="S",

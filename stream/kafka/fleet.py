@@ -116,7 +116,7 @@ class FleetLearner(KafkaLearner):
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
                  model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
-                 sync_ratings: int = 2000, **kw):
+                 sync_ratings: int = 500, **kw):
         self.state: FleetState = service.fleet
         self.tracker: DeltaTracker = service.tracker
         self.model_topic = model_topic

@@ -129,8 +129,11 @@ class ModelFeed:
         from sketchrec.stream.kafka.consumer import kafka_config
         self.state, self.apply = state, apply
         self.tp = TopicPartition(topic, 0)
+        # no CRC check in Python (~10 MB/s: the cost of reading big deltas; the broker checked
+        # it on produce), and a short fetch wait: a poll between two input polls must not block
         self.consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
                                       isolation_level="read_committed", max_poll_records=500,
+                                      check_crcs=False, fetch_max_wait_ms=5,
                                       fetch_max_bytes=MAX_MESSAGE_BYTES,
                                       max_partition_fetch_bytes=MAX_MESSAGE_BYTES)
         self.consumer.assign([self.tp])

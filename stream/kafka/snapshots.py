@@ -79,10 +79,11 @@ def write(producer, topic: str, parts: dict[str, bytes], meta: dict, timeout: fl
 
 
 def newest(bootstrap: str, topic: str, timeout: float = 30.0) -> Snapshot | None:
-    """The newest snapshot whose chunks verify, or None when the topic holds none."""
+    """The newest snapshot whose chunks verify (SHA-256 of the whole, so Kafka's per-batch CRC,
+    slow in Python, is not checked), or None when the topic holds none."""
     from kafka import KafkaConsumer, TopicPartition
     from sketchrec.stream.kafka.consumer import kafka_config
-    consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
+    consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False, check_crcs=False,
                              max_partition_fetch_bytes=4 << 20, fetch_max_bytes=64 << 20)
     try:
         if not consumer.partitions_for_topic(topic):
