@@ -26,13 +26,12 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 
 from sketchrec.data import Ratings, read_ratings
-from sketchrec.replay.bench import PATH_HELP, data_file
-from sketchrec.replay.bench.kafka import _tansu, bare_consume
+from sketchrec.replay.bench import data_file
+from sketchrec.replay.bench.kafka import _tansu, add_stream_args, bare_consume
 from sketchrec.stream.kafka.producer import order_for_topic, produce
 
 PARTITIONS = 4
@@ -157,10 +156,7 @@ def snapshot_speed(bootstrap: str, capacity: int = 200_000, dim: int = 64) -> di
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
-    ap.add_argument("--bootstrap")
-    ap.add_argument("--copies", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=100)
+    add_stream_args(ap)
     ap.add_argument("--probes", type=int, default=50)
     ap.add_argument("--sync-ratings", type=int, default=500, help="the members' --sync-ratings")
     args = ap.parse_args(argv)
@@ -168,42 +164,48 @@ def main(argv: list[str] | None = None) -> dict:
     if args.bootstrap is None:
         broker, args.bootstrap = _tansu()
     try:
-        data = order_for_topic(read_ratings(data_file(args.path))[0])
-        span = int(max(data.users.max(), data.items.max())) + 1
-        copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
-                                         data.timestamps) for c in range(args.copies)])
-        n, capacity = len(copies), args.copies * data.n_ids()
-        report: dict = {"ratings": n, "sync_ratings": args.sync_ratings}
-        for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):
-            topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
-            sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
-            bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
-            one = members(args.bootstrap, topic, 1, capacity, args.sync_ratings)
-            two = members(args.bootstrap, topic, 2, capacity, args.sync_ratings)
-            r = {"bare_consume_ratings_per_s": bare, "one_member_ratings_per_s": fleet_rate(one),
-                 "two_members_ratings_per_s": fleet_rate(two),
-                 "delta_bytes_per_rating": sum(m["published_bytes"] for m in two) / n}
-            r["two_over_one"] = r["two_members_ratings_per_s"] / r["one_member_ratings_per_s"]
-            r["one_member_over_bare"] = r["one_member_ratings_per_s"] / bare
-            report[form] = r
-            print(f"{form:18s} bare {bare:>9,.0f}/s  one member {r['one_member_ratings_per_s']:>9,.0f}/s "
-                  f"({r['one_member_over_bare']:.0%} of bare)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
-                  f"(x{r['two_over_one']:.2f})  {r['delta_bytes_per_rating']:.1f} delta bytes/rating",
-                  flush=True)
-        report["snapshot"] = snapshot_speed(args.bootstrap)
-        snap = report["snapshot"]
-        print(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "
-              f"compressed): written in {snap['write_s']:.1f} s, restored in {snap['restore_s']:.1f} s",
-              flush=True)
-        if args.probes:
-            report["lag_s"] = probe_lag(args.bootstrap, capacity, args.probes)
-            print(f"produce -> replica /predict lag: p50 {report['lag_s']['p50'] * 1000:.0f} ms, "
-                  f"p99 {report['lag_s']['p99'] * 1000:.0f} ms", flush=True)
-        print(json.dumps(report))
-        return report
+        report = measure(args)
     finally:
         if broker is not None:
             broker.terminate()
+    print(json.dumps(report))
+    return report
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """The figures of ``main`` against the broker at ``args.bootstrap``."""
+    data = order_for_topic(read_ratings(data_file(args.path))[0])
+    span = int(max(data.users.max(), data.items.max())) + 1
+    copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
+                                     data.timestamps) for c in range(args.copies)])
+    n, capacity = len(copies), args.copies * data.n_ids()
+    report: dict = {"ratings": n, "sync_ratings": args.sync_ratings}
+    for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):
+        topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
+        sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
+        bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
+        one = members(args.bootstrap, topic, 1, capacity, args.sync_ratings)
+        two = members(args.bootstrap, topic, 2, capacity, args.sync_ratings)
+        r = {"bare_consume_ratings_per_s": bare, "one_member_ratings_per_s": fleet_rate(one),
+             "two_members_ratings_per_s": fleet_rate(two),
+             "delta_bytes_per_rating": sum(m["published_bytes"] for m in two) / n}
+        r["two_over_one"] = r["two_members_ratings_per_s"] / r["one_member_ratings_per_s"]
+        r["one_member_over_bare"] = r["one_member_ratings_per_s"] / bare
+        report[form] = r
+        print(f"{form:18s} bare {bare:>9,.0f}/s  one member {r['one_member_ratings_per_s']:>9,.0f}/s "
+              f"({r['one_member_over_bare']:.0%} of bare)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
+              f"(x{r['two_over_one']:.2f})  {r['delta_bytes_per_rating']:.1f} delta bytes/rating",
+              flush=True)
+    report["snapshot"] = snapshot_speed(args.bootstrap)
+    snap = report["snapshot"]
+    print(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "
+          f"compressed): written in {snap['write_s']:.1f} s, restored in {snap['restore_s']:.1f} s",
+          flush=True)
+    if args.probes:
+        report["lag_s"] = probe_lag(args.bootstrap, capacity, args.probes)
+        print(f"produce -> replica /predict lag: p50 {report['lag_s']['p50'] * 1000:.0f} ms, "
+              f"p99 {report['lag_s']['p99'] * 1000:.0f} ms", flush=True)
+    return report
 
 
 if __name__ == "__main__":
