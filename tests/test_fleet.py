@@ -210,3 +210,31 @@ def test_fleet_mode_is_chosen_by_fleet_only():
                                                    "--fleet", "--sync-ms", "50"]), ap)
     assert single.fleet is None
     assert (fleet.fleet.model_topic, fleet.fleet.sync_ms) == ("t.model", 50.0)
+
+
+def _message(offset, member, seq, covers, value=b"delta"):
+    from types import SimpleNamespace
+    from sketchrec.models.metrics import ErrorStats
+    from sketchrec.stream.kafka.model_topic import HEADER, encode_meta
+    return SimpleNamespace(offset=offset, value=value, headers=[
+        (HEADER, encode_meta(member, seq, covers, ErrorStats(n=1, sq=1.0, abs=1.0), {}))])
+
+
+def test_the_model_topic_decides_once_what_counts():
+    """Every replica applies the same rule to the same order: a late delta that covers offsets
+    already covered (a member that lost its partitions without knowing) counts nowhere, a retry's
+    copy counts once, and the member whose own delta is refused learns it is fenced."""
+    from sketchrec.stream.kafka.model_topic import Fenced, FleetState, ModelFeed
+    feed = object.__new__(ModelFeed)
+    applied = []
+    feed.state, feed.apply, feed.bytes_read = FleetState(member="me"), applied.append, 0
+    feed._take(_message(0, "a", 0, {0: (0, 10), 1: (5, 8)}))       # first coverage: any start
+    feed._take(_message(1, "b", 0, {0: (10, 20)}))                  # continues partition 0
+    feed._take(_message(2, "a", 1, {0: (10, 15)}))                  # a zombie's late delta: refused
+    feed._take(_message(3, "b", 0, {0: (10, 20)}))                  # a retry's copy: read once
+    feed._take(_message(4, "me", 0, {1: (8, 9)}, value=b"mine"))    # own: settled, not re-applied
+    assert applied == [b"delta", b"delta"]
+    assert feed.state.covered == {"0": 20, "1": 9} and feed.state.position == 5
+    assert feed.state.errors.n == 3 and feed.state.refused == 1
+    with pytest.raises(Fenced):
+        feed._take(_message(5, "me", 1, {0: (15, 30)}))

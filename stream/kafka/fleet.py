@@ -132,7 +132,8 @@ class FleetLearner(KafkaLearner):
         self.fenced: Exception | None = None
         self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
         super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
-                         checkpoint_seconds=sync_ms / 1000.0, max_poll_records=sync_ratings, **kw)
+                         checkpoint_seconds=sync_ms / 1000.0,
+                         max_poll_records=max(1, sync_ratings // 100), **kw)  # then adapted
         # local positions, not the fleet's (those are service.offsets)
         self.book = OffsetBook({}, sync_ratings, sync_ms / 1000.0)
 
@@ -146,7 +147,14 @@ class FleetLearner(KafkaLearner):
     def _seek(self, tps) -> None:
         """Partitions given to this member: read the model topic to its end, then resume each
         partition after the last accepted delta covering it."""
-        self.feed.catch_up()
+        try:
+            self.feed.catch_up()
+        except Exception as exc:  # noqa: BLE001 - (a callback's error would only be logged)
+            # without the model topic's end, where to resume is unknown: learn nothing more
+            self.consumer.pause(*tps)
+            self._fence(f"cannot read the model topic before taking partitions over "
+                        f"({type(exc).__name__}: {exc})")
+            return
         fresh = [tp for tp in tps if str(tp.partition) not in self.state.covered]
         starts = self.feed.consumer.beginning_offsets(fresh) if fresh else {}
         for tp in tps:
@@ -156,10 +164,12 @@ class FleetLearner(KafkaLearner):
             self.book.offsets[p] = self.published[p] = at
 
     def _learn(self, records: dict) -> None:
-        before = self.book._pending
+        if self.fenced is not None:
+            return  # nothing more: the loop is ending
+        before, self.first_at = self.book._pending, self.first_at or time.time()
         super()._learn(records)
         self.own += self.book._pending - before
-        self.first_at, self.last_at = self.first_at or time.time(), time.time()
+        self.last_at = time.time()
         # replicas drift apart the more each learns alone between syncs: one poll brings about
         # sync_ratings ratings, whatever the number of ratings per message
         messages = sum(len(batch) for batch in records.values())
@@ -249,8 +259,13 @@ class FleetLearner(KafkaLearner):
             super().run(idle_exit)
         finally:
             self.model_producer.close(timeout=10)
-        self.feed.catch_up()
-        self.feed.close()
+        try:
+            if self.fenced is None:
+                self.feed.catch_up()
+        except Fenced as exc:
+            self.fenced = exc
+        finally:
+            self.feed.close()
 
 
 def new_member_id() -> str:
