@@ -108,17 +108,23 @@ def probe_lag(bootstrap: str, capacity: int, probes: int) -> dict:
         with httpx.Client(timeout=5) as client:
             url = f"http://127.0.0.1:{replica}/predict"
             for k in range(probes):
-                user = 10_000_000 + k
-                before = client.get(url, params={"user": user, "item": 1}).json()["rating"]
+                # a new user and a new item, rated far from the prediction (/predict clips to the
+                # rating range: a rating on the clipped side could leave the answer unchanged)
+                user, item = 10_000_000 + k, 20_000_000 + k
+                before = client.get(url, params={"user": user, "item": item}).json()["rating"]
+                value = 1 if before > 3 else 5
                 t0 = time.perf_counter()
-                # a rating far from the prediction: /predict clips to the range, so a 5 could leave it at 5
-                producer.send(topic, key=str(user).encode(), value=f"{user},1,1,0".encode()).get(timeout=30)
-                while client.get(url, params={"user": user, "item": 1}).json()["rating"] == before:
-                    if time.perf_counter() - t0 > 30:
-                        raise TimeoutError("a probe rating never reached the replica")
+                producer.send(topic, key=str(user).encode(),
+                              value=f"{user},{item},{value},0".encode()).get(timeout=30)
+                while client.get(url, params={"user": user, "item": item}).json()["rating"] == before:
+                    if time.perf_counter() - t0 > 10:
+                        break  # counted as missed (no visible change within 10 s)
                     time.sleep(0.002)
-                lags.append(time.perf_counter() - t0)
-        return {"probes": probes, "p50": float(np.percentile(lags, 50)),
+                else:
+                    lags.append(time.perf_counter() - t0)
+        if not lags:
+            raise TimeoutError("no probe rating reached the replica's /predict")
+        return {"probes": probes, "missed": probes - len(lags), "p50": float(np.percentile(lags, 50)),
                 "p99": float(np.percentile(lags, 99)), "max": float(max(lags))}
     finally:
         producer.close(timeout=5)
