@@ -1,7 +1,7 @@
 """A fleet on a real broker: learners that share one model through the model topic, one killed
 with SIGKILL and one added mid-stream, and a read-only serving replica (issue 20).
 
-The stream is SKETCHREC_FLEET_RATINGS ratings (default 300,000) on a 6-partition topic, produced
+The stream is SKETCHREC_FLEET_RATINGS ratings (default 300,000; ~60 s here) on a 6-partition topic, produced
 at a steady rate while the fleet learns, so that the kill and the join land mid-stream."""
 
 import os
@@ -21,7 +21,7 @@ from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
 from conftest import free_port
 
-N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 100_000))  # the issue's figure: 300,000
+N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 300_000))  # fewer on a slow machine
 MODEL = ["--dim", "8", "--capacity", "6000", "--seed", "3"]
 
 
