@@ -71,12 +71,17 @@ def learn_from(bootstrap: str, topic: str, capacity: int, n_ratings: int) -> flo
         return n_ratings / seconds
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_stream_args(ap: argparse.ArgumentParser) -> None:
+    """The ratings file, the broker (default: a Tansu started here), copies and batch size."""
     ap.add_argument("path", nargs="?", type=Path, help=PATH_HELP)
     ap.add_argument("--bootstrap")
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_stream_args(ap)
     ap.add_argument("--limit", type=int, help="use only the first N ratings of the file")
     args = ap.parse_args(argv)
     path = data_file(args.path)

@@ -184,8 +184,9 @@ def _markdown(report: dict) -> str:
               f"{p['bound_ratings_per_s']:,.0f} ratings/s; measured {report['sketch_fraction_of_bound']:.0%} of it."]
     if report.get("serving"):
         lines += _serving_lines(report["serving"])
-    if report.get("kafka"):
-        lines += ["", "## Kafka", "", "```", json.dumps(report["kafka"], indent=1), "```"]
+    for key, title in (("kafka", "Kafka"), ("fleet", "Fleet")):
+        if report.get(key):
+            lines += ["", f"## {title}", "", "```", json.dumps(report[key], indent=1), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, help=PATH_HELP)
     ap.add_argument("--no-kafka", action="store_true")
     ap.add_argument("--no-serving", action="store_true")
+    ap.add_argument("--fleet", action="store_true", help="also the fleet benchmark (replay.bench.fleet: "
+                    "1 vs 2 learners, delta bytes, produce -> replica lag; a few minutes)")
     args = ap.parse_args(argv)
     path = data_file(args.data)
     args.out = output_dir(args.out)
@@ -245,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             report["kafka"] = kafka(path, 1, 10_000 if q else None)
         except (ImportError, FileNotFoundError) as exc:
             report["kafka"] = {"skipped": f"no broker available: {exc}"}
+    if args.fleet:
+        from sketchrec.replay.bench.fleet import main as fleet_main
+        report["fleet"] = fleet_main([str(path), "--copies", "1" if q else "3"])
 
     ml = report["learners"]["ml100k"]
     report["ratio_sketch_over_river"] = ml["ratio_sketch_over_river"]

@@ -44,6 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "*.corrupt) and start over from the beginning of every partition; without it "
                     "consume refuses to start (an empty model at the group's offsets would learn "
                     "nothing of the past)")
+    fleet = ap.add_argument_group("fleet (README 'Scaling out'): many processes of one group share one model")
+    fleet.add_argument("--fleet", action="store_true",
+                       help="join a fleet: with --group and without --checkpoint; learn from the "
+                       "partitions the group gives this process, share the model over --model-topic")
+    fleet.add_argument("--model-topic", metavar="TOPIC", help="the fleet's model topic (default TOPIC.model)")
+    fleet.add_argument("--sync-ms", type=float, default=200.0, metavar="MS",
+                       help="publish this member's delta every MS milliseconds")
+    fleet.add_argument("--sync-ratings", type=int, default=500, metavar="N",
+                       help="... or after N ratings, whichever comes first (replicas drift apart "
+                       "the more each learns alone: see docs/scaling.md)")
+    fleet.add_argument("--snapshot-seconds", type=float, default=60.0, metavar="S",
+                       help="the member holding partition 0 writes a snapshot every S seconds")
     ap.add_argument("--ldp-debias", action="store_true",
                     help="map predictions back through the mean of the local-DP mechanism the "
                     "producer's message headers name (see README 'Local DP')")
@@ -67,6 +79,7 @@ class ConsumeConfig:
     expected_ratings: int
     ldp_debias: bool
     reset: bool
+    fleet: "FleetSettings | None"
     model: ModelSettings
     dp: DPSettings
     monitor: MonitorSettings
@@ -74,8 +87,10 @@ class ConsumeConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, ap: argparse.ArgumentParser) -> "ConsumeConfig":
-        if args.checkpoint is None:
-            ap.error("--checkpoint DIR is required: it holds the model state and the offsets together")
+        fleet = FleetSettings.from_args(args, ap)
+        if args.checkpoint is None and fleet is None:
+            ap.error("--checkpoint DIR is required: it holds the model state and the offsets together "
+                     "(or --fleet with --group: the model topic holds them)")
         try:
             rating_range = (None if args.rating_range == "none"
                             else tuple(float(x) for x in args.rating_range.split(",", 1)))
@@ -87,9 +102,38 @@ class ConsumeConfig:
         return cls(args.bootstrap, args.topic, args.group, args.dead_topic, rating_range,
                    args.checkpoint_every, args.checkpoint_seconds, args.exit_when_idle,
                    args.broker_lost_after, args.capacity,
-                   args.expected_ratings, args.ldp_debias, args.reset_checkpoints,
+                   args.expected_ratings, args.ldp_debias, args.reset_checkpoints, fleet,
                    ModelSettings.from_args(args, dp.enabled), dp,
                    MonitorSettings.from_args(args), ServingSettings.from_args(args))
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """`consume --fleet`: where the fleet's model lives and how often members share."""
+
+    model_topic: str
+    sync_ms: float
+    snapshot_seconds: float
+    sync_ratings: int
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, ap: argparse.ArgumentParser) -> "FleetSettings | None":
+        from sketchrec.stream.kafka.model_topic import model_topic
+        if not args.fleet:
+            if args.model_topic:
+                ap.error("--model-topic is for --fleet")
+            return None
+        if not args.group:
+            ap.error("--fleet needs --group: the group spreads the partitions over the members")
+        if args.checkpoint is not None:
+            ap.error("--fleet keeps its state in the model topic and its snapshots, not in --checkpoint")
+        if DPSettings.from_args(args).enabled or args.ldp_debias:
+            ap.error("privacy modes (--dp-*, --ldp-debias) do not run as a fleet yet: one ledger "
+                     "needs one learner; run one `consume --checkpoint DIR` process")
+        if min(args.sync_ms, args.snapshot_seconds, args.sync_ratings) <= 0:
+            ap.error("--sync-ms, --sync-ratings and --snapshot-seconds must be positive")
+        return cls(model_topic(args.topic, args.model_topic), args.sync_ms, args.snapshot_seconds,
+                   args.sync_ratings)
 
 
 def open_service(config: ConsumeConfig):
@@ -138,6 +182,9 @@ def consume_main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     config = ConsumeConfig.from_args(ap.parse_args(argv), ap)
     configure_logging()
+    if config.fleet is not None:
+        from sketchrec.replay.cli.fleet import run_member
+        return run_member(config)
     service, reset = start(config)
     if isinstance(service, str):
         print(f"{PROG}: {service}", file=sys.stderr)

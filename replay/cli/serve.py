@@ -67,8 +67,15 @@ def serve_until_interrupted(server) -> None:
 def serve_main(argv: list[str] | None = None) -> int:
     from sketchrec.stream.serving.joint import open_checkpoint
     ap = argparse.ArgumentParser(prog="sketchrec serve", description="Serve the newest checkpoint "
-                                 "read-only, reloading when a newer one is written.")
-    ap.add_argument("--checkpoint", metavar="DIR", type=Path, required=True)
+                                 "read-only, reloading when a newer one is written; or, with "
+                                 "--bootstrap and --topic, a fleet's model (snapshot + model topic).")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="DIR", type=Path)
+    source.add_argument("--bootstrap", metavar="HOST:PORT", help="a fleet's broker (with --topic)")
+    ap.add_argument("--topic", help="the fleet's input topic (its model topic is TOPIC.model)")
+    ap.add_argument("--model-topic", metavar="TOPIC", help="the fleet's model topic, if not TOPIC.model")
+    ap.add_argument("--wait", type=float, default=60.0, metavar="S",
+                    help="fleet: wait up to S seconds for the first snapshot")
     ap.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8000")
     ap.add_argument("--reload-every", type=float, default=5.0, metavar="S",
                     help="seconds between checks for a newer checkpoint")
@@ -78,6 +85,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
                               ACCESS[args.access_control], args.workers, args.worker_nice)
+    if args.bootstrap is not None:
+        if not args.topic:
+            ap.error("--bootstrap needs --topic (the fleet's input topic)")
+        from sketchrec.replay.cli.fleet import serve_replica
+        return serve_replica(args, serving)
     try:
         service = open_checkpoint(args.checkpoint)   # a joint-DP model's or a learning model's
     except (FileNotFoundError, ValueError) as exc:  # none, none verifies, or a ledger refused

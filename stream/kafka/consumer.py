@@ -51,13 +51,17 @@ class KafkaLearner:
     partition and when a checkpoint is due are ``self.book``'s (a ``kafka.offsets.OffsetBook``
     over ``service.offsets``); what /healthz says about the broker is ``service.health``'s.
     ``from_beginning``: partitions the checkpoint does not know start at their beginning even
-    with a group (starting over knowingly), not at the group's committed offsets."""
+    with a group (starting over knowingly), not at the group's committed offsets. Subclasses
+    (``kafka.fleet.FleetLearner``) replace where state goes: ``checkpoint``, ``_seek``,
+    ``_record`` and ``_tick``."""
+
+    needs_checkpoints = True
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str | None = None,
                  dead_topic: str | None = None, rating_range: tuple[float, float] | None = (0.5, 5.0),
                  checkpoint_every: int = 50_000, checkpoint_seconds: float = 30.0,
                  max_poll_records: int = 20_000, from_beginning: bool = False):
-        if service.checkpoints is None:
+        if service.checkpoints is None and self.needs_checkpoints:
             raise ValueError("the Kafka consumer needs a checkpoint directory")
         self.service, self.topic, self.group = service, topic, group
         self.dead_topic = dead_topic or f"{topic}.dead"
@@ -148,6 +152,7 @@ class KafkaLearner:
                     self._lost(exc)
                     continue
                 self._watch()
+                self._tick()
                 # a set-aside batch (None) is data; joining a group is not idleness
                 if records is None or records or not self.consumer.assignment():
                     if records:
@@ -187,6 +192,9 @@ class KafkaLearner:
         elif not connected and was is not False:
             log_event("lose", logging.WARNING, error=self.health.last_error)
 
+    def _tick(self) -> None:
+        """After each poll: nothing here (a fleet member reads the model topic)."""
+
     def _lost(self, exc: Exception) -> None:
         log_event("poll_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
         self.health.broker_lost(f"{type(exc).__name__}: {exc}")
@@ -217,17 +225,23 @@ class KafkaLearner:
         if ratings:
             r = np.asarray(ratings, dtype=np.float64)
             predictions = self.service.recommender.learn_many(_ids(users), _ids(items), r)
-            self.service.errors.add(predictions, r)
-        self.service.record_skipped(skipped)
-        self.dead_letters.update(skipped)
+            self._record(skipped, predictions, r)
+        else:
+            self._record(skipped)
         self.book.store(offsets, len(ratings) + sum(skipped.values()))
 
     def _set_aside(self, batch: codec_errors.UnreadableBatch) -> None:
         """A batch whose codec cannot be read: counted, dead-lettered whole, stepped over."""
-        self.service.record_skipped({batch.reason: batch.messages})
-        self.dead_letters.update({batch.reason: batch.messages})
+        self._record({batch.reason: batch.messages})
         self._dead_letter(batch.dead_letter())
         self.book.store({batch.partition: batch.next_offset}, batch.messages)
+
+    def _record(self, skipped: Counter | dict, predictions=None, truth=None) -> None:
+        """Count a batch's skipped ratings and prequential errors into the checkpointed state."""
+        if predictions is not None:
+            self.service.errors.add(predictions, truth)
+        self.service.record_skipped(skipped)
+        self.dead_letters.update(skipped)
 
     def _parse(self, msg) -> Parsed:
         """The message's ratings; whatever goes wrong is that message's rejection, never a crash."""

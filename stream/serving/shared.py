@@ -65,7 +65,10 @@ _created: set[str] = set()   # segments this process made (its resource tracker 
 def shareable(recommender) -> bool:
     """Whether this recommender's state is all fixed-size arrays a ``SharedBlock`` can hold."""
     from sketchrec.stream.serving.recommender import Recommender
-    return type(recommender) is Recommender and type(recommender.model) is SketchMF
+    # a fleet replica (a DeltaTracker observing it) keeps state beside the arrays (slot residuals,
+    # announcements) that readers would not see: it serves from its own process
+    return (type(recommender) is Recommender and type(recommender.model) is SketchMF
+            and not recommender.observers)
 
 
 def _model_arrays(model) -> dict[str, np.ndarray]:

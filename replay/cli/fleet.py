@@ -1,0 +1,71 @@
+"""The fleet side of `sketchrec consume --fleet` and `sketchrec serve --bootstrap … --topic T`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from sketchrec.replay.cli.serve import on_stop_signal, serve_until_interrupted, start_server
+
+
+def run_member(config) -> int:
+    """One fleet member (``config``: a ``consume.ConsumeConfig`` with ``fleet`` set) until stopped
+    or idle; 2 when the broker cannot be reached, 3 when this member was fenced."""
+    from kafka.errors import KafkaError
+
+    from sketchrec.stream.kafka.fleet import FleetLearner, new_member_id, open_replica
+    from sketchrec.stream.serving.recommender import Recommender
+    prog, settings, fleet = "sketchrec consume", config.model, config.fleet
+    member = new_member_id()
+
+    def empty() -> Recommender:  # the first member's model is every member's starting point
+        return Recommender(settings.build(config.capacity, None, prog),
+                           pair_capacity=config.expected_ratings, seed=settings.seed)
+
+    try:
+        service = open_replica(config.bootstrap, fleet.model_topic, empty, member)
+        service.health.broker_lost_after = config.broker_lost_after
+        learner = FleetLearner(service, config.bootstrap, config.topic, config.group,
+                               fleet.model_topic, fleet.sync_ms, fleet.snapshot_seconds, fleet.sync_ratings,
+                               dead_topic=config.dead_topic, rating_range=config.rating_range)
+    except (KafkaError, RuntimeError, TimeoutError) as exc:
+        print(f"{prog}: cannot join the fleet on {config.topic!r} at {config.bootstrap}: {exc}",
+              file=sys.stderr)
+        return 2
+    server = start_server(service, config.serving) if config.serving.listen else None
+    on_stop_signal(learner.stop.set)
+    print(f"fleet member {member} consuming {config.topic} (group {config.group}, model topic "
+          f"{fleet.model_topic}); the fleet's model holds {service.ratings_learned:,} ratings",
+          file=sys.stderr, flush=True)
+    learner.run(idle_exit=config.exit_when_idle)
+    stats = service.stats()
+    print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "prequential_rmse")},
+                      "member": member, "own_ratings": learner.own, "first_at": learner.first_at,
+                      "last_at": learner.last_at, "published_bytes": learner.bytes_published,
+                      "model_position": service.fleet.position, "refused": service.fleet.refused},
+                     default=float), flush=True)
+    if server is not None:
+        server.stop()
+    if learner.fenced is not None:
+        print(f"sketchrec consume: fenced: {learner.fenced}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def serve_replica(args, serving) -> int:
+    """`sketchrec serve --bootstrap … --topic T`: the newest snapshot plus the model topic, read-only."""
+    from kafka.errors import KafkaError
+
+    from sketchrec.stream.kafka.fleet import FleetReplica, open_replica
+    from sketchrec.stream.kafka.model_topic import model_topic
+    topic = model_topic(args.topic, args.model_topic)
+    try:
+        service = open_replica(args.bootstrap, topic, wait=args.wait)
+        replica = FleetReplica(service, args.bootstrap, topic).start()
+    except (KafkaError, TimeoutError) as exc:
+        print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    server = start_server(service, serving)
+    serve_until_interrupted(server)
+    replica.stop.set()
+    return 0

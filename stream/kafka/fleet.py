@@ -1,0 +1,300 @@
+"""A fleet: many `consume --fleet` processes of one consumer group share one model.
+
+Each member learns from the partitions the group gives it and, every ``sync_ms``, publishes what it
+learned since its last publish (``DeltaTracker.take()``) to the model topic with the input offsets
+that delta covers (``kafka.model_topic``); it adds every other member's accepted delta to its own
+replica. A read-only ``FleetReplica`` (`sketchrec serve --bootstrap … --topic T`) only adds.
+
+Exactly once across the fleet: the model topic is the record of what has been learned. Before a
+member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
+acknowledgement; a member given partitions first reads the model topic to its end and then seeks
+each partition to the offset after the last accepted delta covering it. A member that dies
+(``kill -9``) loses only what it had not published, and its successor consumes that again.
+
+Snapshots (``kafka.snapshots``) bound the replay on start: the member holding partition 0 writes
+one every ``snapshot_seconds``, right after publishing and reading the model topic back to its
+end, when its replica is exactly the sum of the accepted deltas up to that position. On start a
+member loads the newest snapshot (the very first member writes the empty model as the first one,
+so every replica starts from the same bytes) and reads the model topic from its position.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.models.registry import MODELS
+from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
+from sketchrec.stream.kafka import snapshots
+from sketchrec.stream.kafka.consumer import KafkaLearner, kafka_config
+from sketchrec.stream.kafka.model_topic import (HEADER, MAX_MESSAGE_BYTES, FleetState, Fenced,
+                                                ModelFeed, encode_meta)
+from sketchrec.stream.kafka.offsets import OffsetBook
+from sketchrec.stream.serving.health import log_event
+from sketchrec.stream.serving.recommender import Recommender
+from sketchrec.stream.serving.replica import DeltaTracker
+from sketchrec.stream.serving.service import LearningService
+
+
+def ensure_fleet_topics(bootstrap: str, model_topic: str) -> None:
+    """The model topic and its snapshots topic, one partition each (one order for every replica)."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+    admin = KafkaAdminClient(**kafka_config(bootstrap))
+    try:
+        have = set(admin.list_topics())
+        new = [NewTopic(t, num_partitions=1, replication_factor=1,
+                        topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+               for t in (model_topic, snapshots.snapshot_topic(model_topic)) if t not in have]
+        if new:
+            try:
+                admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass  # another member was first
+    finally:
+        admin.close()
+
+
+def model_producer(bootstrap: str):
+    # one request in flight: deltas reach the topic in the order they were taken
+    from kafka import KafkaProducer
+    return KafkaProducer(**kafka_config(bootstrap), acks="all", linger_ms=0,
+                         max_in_flight_requests_per_connection=1, max_request_size=MAX_MESSAGE_BYTES)
+
+
+def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member: str | None = None,
+                 wait: float = 60.0) -> LearningService:
+    """A service whose recommender is the newest snapshot's, with ``service.fleet`` (its
+    FleetState) and ``service.tracker`` (its DeltaTracker) set. With ``make_recommender`` and no
+    snapshot yet, that recommender's empty state is written as the first one (all members then
+    start from the same bytes, whichever wrote first); without, wait up to ``wait`` seconds."""
+    ensure_fleet_topics(bootstrap, model_topic)
+    topic = snapshots.snapshot_topic(model_topic)
+    snap, deadline = snapshots.newest(bootstrap, topic), time.monotonic() + wait
+    while snap is None:
+        if make_recommender is not None:
+            first = make_recommender()
+            producer = model_producer(bootstrap)
+            write_snapshot(producer, topic, first, FleetState(), type(first.model).__name__)
+            producer.close(timeout=10)
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"no snapshot in {topic} after {wait:g} s: start a learner first")
+        else:
+            time.sleep(0.5)
+        snap = snapshots.newest(bootstrap, topic)
+    model_cls = MODELS[snap.meta["model_class"]]
+    recommender = Recommender.from_parts(snap.parts, model_cls)
+    restore_operator_parts(recommender.model, snap.parts)
+    service = LearningService(recommender, None, read_only=make_recommender is None,
+                              model_cls=model_cls)
+    state = FleetState.from_dict(snap.meta["fleet"], member)
+    # the service's figures are the fleet's: what the accepted deltas say
+    service.errors, service.skipped, service.offsets = state.errors, state.skipped, state.covered
+    service.fleet, service.tracker = state, DeltaTracker(recommender, member)
+    service.last_checkpoint = {"name": f"snapshot@{snap.offset}", "seq": snap.offset,
+                               "ratings_learned": snap.meta.get("ratings_learned"),
+                               "at": snap.meta.get("written_at")}
+    return service
+
+
+def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetState,
+                   model_class: str) -> int:
+    parts = {**recommender.state_parts(), **operator_parts(recommender.model)}
+    return snapshots.write(producer, topic, parts, {"fleet": state.to_dict(), "model_class": model_class,
+                                                    "ratings_learned": int(recommender.model.n_learned)})
+
+
+class FleetLearner(KafkaLearner):
+    """One member of a fleet (see the module docstring). ``service`` comes from ``open_replica``."""
+
+    needs_checkpoints = False
+
+    def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
+                 model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
+                 sync_ratings: int = 500, **kw):
+        self.state: FleetState = service.fleet
+        self.tracker: DeltaTracker = service.tracker
+        self.model_topic = model_topic
+        self.snapshot_topic = snapshots.snapshot_topic(model_topic)
+        self.feed = ModelFeed(bootstrap, model_topic, self.state, self.tracker.apply)
+        self.feed.catch_up()
+        self.model_producer = model_producer(bootstrap)
+        self.published: dict[str, int] = {}   # partition -> offset the model topic covers to
+        self.errors, self.skipped_since = ErrorStats(), Counter()
+        self.seq, self.bytes_published, self.inflight = 0, 0, []
+        self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
+        self.sync_ratings = sync_ratings
+        self.fenced: Exception | None = None
+        self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
+        super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
+                         checkpoint_seconds=sync_ms / 1000.0,
+                         max_poll_records=max(1, sync_ratings // 100), **kw)  # then adapted
+        # local positions, not the fleet's (those are service.offsets)
+        self.book = OffsetBook({}, sync_ratings, sync_ms / 1000.0)
+
+    # --- where state goes ------------------------------------------------------------------------
+    def _record(self, skipped, predictions=None, truth=None) -> None:
+        if predictions is not None:
+            self.errors.add(predictions, truth)
+        self.skipped_since.update(skipped)
+        self.dead_letters.update(skipped)
+
+    def _seek(self, tps) -> None:
+        """Partitions given to this member: read the model topic to its end, then resume each
+        partition after the last accepted delta covering it."""
+        try:
+            self.feed.catch_up()
+        except Exception as exc:  # noqa: BLE001 - (a callback's error would only be logged)
+            # without the model topic's end, where to resume is unknown: learn nothing more
+            self.consumer.pause(*tps)
+            self._fence(f"cannot read the model topic before taking partitions over "
+                        f"({type(exc).__name__}: {exc})")
+            return
+        fresh = [tp for tp in tps if str(tp.partition) not in self.state.covered]
+        starts = self.feed.consumer.beginning_offsets(fresh) if fresh else {}
+        for tp in tps:
+            p = str(tp.partition)
+            at = self.state.covered.get(p, starts.get(tp))
+            self.consumer.seek(tp, at)
+            self.book.offsets[p] = self.published[p] = at
+
+    def _learn(self, records: dict) -> None:
+        if self.fenced is not None:
+            return  # nothing more: the loop is ending
+        before, self.first_at = self.book._pending, self.first_at or time.time()
+        super()._learn(records)
+        self.own += self.book._pending - before
+        self.last_at = time.time()
+        # replicas drift apart the more each learns alone between syncs: one poll brings about
+        # sync_ratings ratings, whatever the number of ratings per message
+        messages = sum(len(batch) for batch in records.values())
+        per_message = max(1.0, (self.book._pending - before) / max(messages, 1))
+        self.consumer.config["max_poll_records"] = max(1, int(self.sync_ratings / per_message))
+
+    def checkpoint(self, why: str, blocking_commit: bool = True) -> bool:
+        """Publish what was learned since the last publish. Before giving partitions up (and
+        for a snapshot, and at the end) wait until the broker acknowledged every delta. A
+        fenced member publishes nothing more (it would be refused)."""
+        if self.fenced is not None:
+            return False
+        try:
+            self._publish()
+            if why != "interval":
+                self.producer.flush(timeout=30)  # dead letters
+                self.model_producer.flush(timeout=60)
+            self._settle_inflight()
+        except Exception as exc:  # noqa: BLE001 - a delta not delivered: this replica diverged
+            self._fence(f"a delta could not be published ({type(exc).__name__}: {exc}); this "
+                        "replica holds learning the fleet does not: restart it")
+            return False
+        self.book.checkpointed()
+        return True
+
+    def _publish(self) -> None:
+        covers = {int(p): (self.published[p], at) for p, at in self.book.offsets.items()
+                  if at != self.published.get(p)}
+        blob = self.tracker.take()
+        if not (covers or blob):
+            return
+        meta = encode_meta(self.state.member, self.seq, covers, self.errors, self.skipped_since)
+        # one request in flight (model_producer): the topic holds the deltas in this order
+        self.inflight.append(self.model_producer.send(
+            self.model_topic, value=blob or b"", key=self.state.member.encode(), partition=0,
+            headers=[(HEADER, meta)]))
+        self.seq += 1
+        self.bytes_published += len(blob or b"")
+        self.published.update({str(p): end for p, (_, end) in covers.items()})
+        self.errors, self.skipped_since = ErrorStats(), Counter()
+
+    def _settle_inflight(self) -> None:
+        """Drop acknowledged deltas; raise the error of one that failed (kafka-python retries
+        until its delivery timeout first)."""
+        while self.inflight and self.inflight[0].is_done:
+            future = self.inflight.pop(0)
+            if future.failed():
+                raise future.exception
+
+    def _fence(self, why: str) -> None:
+        self.fenced = Fenced(why)
+        self.stop.set()
+        log_event("fenced", logging.ERROR, error=why)
+
+    def _tick(self) -> None:
+        """After each poll: add the other members' deltas; the holder of partition 0 snapshots."""
+        try:
+            self.feed.poll(0)
+            self._settle_inflight()
+        except Fenced as exc:
+            self._fence(str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a delta that failed: see checkpoint()
+            self._fence(f"a delta could not be published ({type(exc).__name__}: {exc})")
+            return
+        if (time.monotonic() - self.last_snapshot >= self.snapshot_seconds
+                and any(tp.partition == 0 for tp in self.consumer.assignment())):
+            self.snapshot()
+
+    def snapshot(self) -> int | None:
+        """Publish, read the model topic back to its end (this replica is then exactly the
+        accepted deltas up to there), and write a snapshot. Its manifest's offset, or None."""
+        self.last_snapshot = time.monotonic()
+        if not self.checkpoint("snapshot"):
+            return None
+        self.feed.catch_up()
+        offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
+                                self.state, self.service.model_cls.__name__)
+        log_event("snapshot", offset=offset, position=self.state.position,
+                  ratings=self.service.ratings_learned)
+        return offset
+
+    def run(self, idle_exit: float | None = None) -> None:
+        """As ``KafkaLearner.run``; at the end, the model topic is read to its end, so that this
+        replica holds every delta published before it stopped."""
+        try:
+            super().run(idle_exit)
+        finally:
+            self.model_producer.close(timeout=10)
+        try:
+            if self.fenced is None:
+                self.feed.catch_up()
+        except Fenced as exc:
+            self.fenced = exc
+        finally:
+            self.feed.close()
+
+
+def new_member_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class FleetReplica:
+    """A read-only replica: a thread adds every accepted delta of the model topic to the service
+    that ``open_replica`` built, until ``stop`` is set."""
+
+    def __init__(self, service: LearningService, bootstrap: str, model_topic: str):
+        self.service = service
+        self.feed = ModelFeed(bootstrap, model_topic, service.fleet, service.tracker.apply)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="model-topic")
+
+    def start(self) -> "FleetReplica":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        health = self.service.health
+        health.watch_broker()
+        while not self.stop.is_set():
+            try:
+                self.feed.poll(200)
+                health.polled(True)
+            except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
+                health.broker_lost(f"{type(exc).__name__}: {exc}")
+                log_event("poll_failed", logging.WARNING, error=health.last_error)
+                time.sleep(0.5)
+        self.feed.close()
