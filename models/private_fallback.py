@@ -5,8 +5,8 @@ the two answers is itself a DP release.
 ``DPSGDFallback`` wraps a DP-SGD ``SketchMF`` (everything it does not define is the model's). It
 answers with the factor model while a DP test (``privacy.joint_dp.keeps_factors``) finds no
 evidence that the baseline is better (holdout: one-sided at 3 noise std, as the joint mode; a
-stream: the lower noisy error, recent windows weighted more, decided again every window, the
-baseline before the first), else
+stream: the factor model only while its noisy advantage, recent windows weighted more, is above
+one noise std, decided again every window, the baseline before the first), else
 with the baseline; ``fallback_figures()`` says which
 and why (/privacy, `replay --json`).
 
@@ -48,7 +48,7 @@ import numpy as np
 from sketchrec.models.private_bias import (Encoded, bias_estimates, capped, noisy_bias_statistics,
                                            release_biases)
 from sketchrec.privacy.entropy import noise_generator
-from sketchrec.privacy.joint_dp import (CHOICE_CLIP, FALLBACK_SHARES, fallback_budget, keeps_factors,
+from sketchrec.privacy.joint_dp import (CHOICE_CLIP, FALLBACK_SHARES, fallback_budget,
                                         noisy_choice, stage_noise)
 from sketchrec.models.storage import USER
 from sketchrec.sketches.hashing import as_keys
@@ -58,6 +58,7 @@ BASELINE = ("private baseline: DP mean + DP item biases (fallback: the DP choice
             "factor model clearly worse on the users' own ratings)")
 DAMPING = 5.0
 WINDOW = 10_000   # stream positions per release of the baseline and the choice (public)
+STREAM_MARGIN = 1.0  # noise std of evidence a stream needs to answer from the factor model
 DECAY = 0.5       # weight of the choice's running sum at each new window (stream)
 
 
@@ -265,7 +266,9 @@ class DPSGDFallback:
         window_sum = float(np.clip(diff, -CHOICE_CLIP, CHOICE_CLIP).sum() + noise((), self._rng()))
         self.choice_sum = DECAY * self.choice_sum + window_sum
         self.choice_std = math.sqrt(DECAY ** 2 * self.choice_std ** 2 + std_c ** 2)
-        self.chose_factors = keeps_factors(self.choice_sum, self.choice_std, margin=0.0)
+        # the baseline is the stream's safe answer: the factor model takes over only on evidence
+        # (its noisy advantage above STREAM_MARGIN std), so noise alone rarely hands it the answers
+        self.chose_factors = self.choice_sum >= STREAM_MARGIN * self.choice_std
 
     def _noise_of_pass(self) -> float:
         """The item statistics' noise std of one window of a pass (replace-one)."""
@@ -296,8 +299,9 @@ class DPSGDFallback:
                            "windows": self.windows if self.position else None,
                            "rule": "baseline when the noisy sum of clipped (baseline - model) "
                                    "squared-error differences is below " +
-                                   ("0 (stream: each older window weighs half as much again; "
-                                    "decided every window)" if self.windows
+                                   ("+1 noise std (stream: the factor model needs evidence; each "
+                                    "older window weighs half as much again; decided every window)"
+                                    if self.windows
                                     else "-3 noise std (holdout)")},
                 "fallback_budget": f"{FALLBACK_SHARES} of the budget's 1/z^2 (DP-SGD: the rest), "
                                    "charged in the same ledger"}

@@ -203,7 +203,7 @@ def noisy_choice(differences: np.ndarray, noise, std: float,
 def keeps_factors(noisy_sum: float, std: float, margin: float = CHOICE_MARGIN) -> bool:
     """The one-sided test on a released noisy sum of (baseline minus model) error differences of
     noise std ``std``: keep the factor model unless the sum is below -margin std (a stream, which
-    decides again at every window, uses margin 0: the model with the lower noisy error)."""
+    decides again at every window, asks the opposite: evidence for the factor model)."""
     return noisy_sum >= -margin * std
 
 
