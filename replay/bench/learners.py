@@ -128,6 +128,7 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     results["ratio_sketch_over_river"] = rate["sketch_batch"] / rate["river_biasedmf"]
     results["ratio_sketch_over_dense"] = rate["sketch_batch"] / rate["dense_batch"]
     results["ratio_mix_over_river"] = rate["mix_batch"] / rate["river_biasedmf"]
+    results["ratio_mix_over_sketch"] = rate["mix_batch"] / rate["sketch_batch"]
     results["ratio_sketch_over_vw"] = rate["sketch_batch"] / rate["vowpal_wabbit"] if vw_available() else None
     return results
 
@@ -141,7 +142,8 @@ def print_table(results: dict) -> None:
     print(f"  sketch/river {results['ratio_sketch_over_river']:.1f}x, sketch/VW "
           + (f"{vw:.2f}x" if vw else "n/a (vowpalwabbit not installed)")
           + f", sketch/dense {results['ratio_sketch_over_dense']:.2f}x, "
-          f"mix (replay's default)/river {results['ratio_mix_over_river']:.1f}x, "
+          f"mix (replay's default)/river {results['ratio_mix_over_river']:.1f}x "
+          f"(mix/sketch {results['ratio_mix_over_sketch']:.2f}), "
           f"monitor overhead {results['ratio_monitor_overhead']:.3f}")
 
 
