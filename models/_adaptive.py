@@ -51,6 +51,27 @@ class Accumulators(NamedTuple):
 
 
 @njit(inline="always", cache=True)
+def sum_squares(x):
+    """sum of x[l]^2 in four interleaved partial sums: one running sum is a chain of dependent
+    adds the CPU cannot overlap (at d = 64 it cost a tenth of a rating's step); four can be.
+
+    >>> float(sum_squares(np.arange(7.0)))
+    91.0
+    """
+    a0 = a1 = a2 = a3 = 0.0
+    n = x.shape[0]
+    top = n - n % 4
+    for l in range(0, top, 4):
+        a0 += x[l] * x[l]
+        a1 += x[l + 1] * x[l + 1]
+        a2 += x[l + 2] * x[l + 2]
+        a3 += x[l + 3] * x[l + 3]
+    for l in range(top, n):
+        a0 += x[l] * x[l]
+    return (a0 + a1) + (a2 + a3)
+
+
+@njit(inline="always", cache=True)
 def cm_read(cells, addr, l):
     """Count-min estimate of component l at addr: the least of its k cells."""
     g = cells[0, addr[0, l]]
@@ -85,11 +106,7 @@ def adagrad_id_scale(acc_cells, acc_heavy, slot, column, baddr, delta, lr, acc0)
     components): in the slot's row at ``column``, else in the count-min cells at the id's bias
     addresses baddr. k cells per id instead of k per component: no slower than plain SGD."""
     inv_lr = 1.0 / lr
-    g2 = 0.0
-    for l in range(delta.shape[0]):
-        g = delta[l] * inv_lr
-        g2 += g * g
-    g2 /= delta.shape[0]
+    g2 = sum_squares(delta) * inv_lr * inv_lr / delta.shape[0]
     if slot >= 0:
         total = acc_heavy[slot, column] + g2
         acc_heavy[slot, column] = total

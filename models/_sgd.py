@@ -25,7 +25,7 @@ from numba import njit
 
 from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
 from sketchrec.sketches.hashing import mix64, unit_interval
-from sketchrec.models._adaptive import SGD, adagrad_steps, adopt
+from sketchrec.models._adaptive import SGD, adagrad_steps, adopt, sum_squares
 from sketchrec.models.heavy_filter import find, touch
 from sketchrec.models.storage import ITEM, USER
 
@@ -92,13 +92,11 @@ def sgd_deltas(e, p, q, bu, bi, hp, dp, dq):
     A diverging learner (learning rate too high) must not write inf or NaN into float32 cells:
     a step whose error or update norm exceeds DIVERGED is skipped and counted instead."""
     lr, reg = hp[LR], hp[REG]
-    energy = 0.0
     for l in range(p.shape[0]):
         dp[l] = -lr * (e * q[l] + reg * p[l])
         dq[l] = -lr * (e * p[l] + reg * q[l])
-        energy += dp[l] * dp[l] + dq[l] * dq[l]
     dbu, dbi = -lr * (e + hp[BIAS_REG] * bu), -lr * (e + hp[BIAS_REG] * bi)
-    energy += dbu * dbu + dbi * dbi + e * e
+    energy = sum_squares(dp) + sum_squares(dq) + dbu * dbu + dbi * dbi + e * e
     return dbu, dbi, energy < DIVERGED * DIVERGED  # False for inf and NaN too
 
 

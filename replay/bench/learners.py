@@ -72,13 +72,13 @@ def vw_available() -> bool:
         return False
 
 
-def _timed_rounds(makes: list, part: Ratings, runs: int) -> list[list[dict]]:
-    """Prequential runs of each learner in turn, round after round: at least `runs` rounds, and
-    up to 25 while a round of the first learner lasts under a second in all (a run on ML-100k
-    lasts ~0.1 s). Alternating within a round lets two learners be compared pair by pair."""
+def _timed_rounds(makes: list, parts: list[Ratings], runs: int) -> list[list[dict]]:
+    """Prequential runs of each learner (on its part) in turn, round after round: at least `runs`
+    rounds, and up to 25 while a round of the first learner lasts under a second in all (a run on
+    ML-100k lasts ~0.1 s). Alternating within a round lets two learners be compared pair by pair."""
     rounds: list[list[dict]] = []
     while True:
-        rounds.append([prequential(make(), part.batches(10_000)) for make in makes])
+        rounds.append([prequential(make(), part.batches(10_000)) for make, part in zip(makes, parts)])
         spent = sum(r[0]["seconds"] for r in rounds)
         if len(rounds) >= runs and (spent >= 1.0 or len(rounds) >= 25):
             return rounds
@@ -105,20 +105,23 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
         [1, 2, 3], [1, 2, 3], [3.0, 4.0, 5.0])
     Experts(capacity=10).learn_many([1, 2, 3], [1, 2, 3], [3.0, 4.0, 5.0])
     results: dict = {"dim": dim, "ratings": len(data)}
-    # the monitor's overhead is the median over alternating plain/monitored pairs: pairing cancels
-    # the machine's drift between two separately timed medians, which is as large as the overhead
-    paired = ("sketch_batch", "sketch_batch_monitored")
-    groups = [paired] + [(name,) for name in learners if name not in paired]
+    # the monitor's overhead and the mix's speed over river's are medians over alternating pairs:
+    # pairing cancels the machine's drift between two separately timed medians (on a shared
+    # machine larger than either figure's margin)
+    paired = [("sketch_batch", "sketch_batch_monitored"), ("mix_batch", "river_biasedmf")]
+    groups = paired + [(name,) for name in learners if all(name not in p for p in paired)]
+    ratios = {}
     for group in groups:
-        n = learners[group[0]][1]
-        rounds = _timed_rounds([learners[name][0] for name in group], data.take(slice(0, n)), runs)
+        rounds = _timed_rounds([learners[name][0] for name in group],
+                               [data.take(slice(0, learners[name][1])) for name in group], runs)
         for column, name in enumerate(group):
             timed = [r[column] for r in rounds]
-            results[name] = {"ratings": n, "rmse": timed[0]["rmse"], "runs": len(timed),
+            results[name] = {"ratings": learners[name][1], "rmse": timed[0]["rmse"], "runs": len(timed),
                              "throughput_per_s": statistics.median(r["throughput_per_s"] for r in timed)}
-        if group == paired:
-            results["ratio_monitor_overhead"] = statistics.median(
-                monitored["seconds"] / plain["seconds"] for plain, monitored in rounds)
+        if len(group) == 2:
+            ratios[group] = statistics.median(a["throughput_per_s"] / b["throughput_per_s"]
+                                              for a, b in rounds)
+    results["ratio_monitor_overhead"] = ratios[paired[0]]  # monitored seconds / plain seconds
     prefix = data.take(slice(0, slow))  # accuracy on the prefix the slow learners saw
     same = ErrorStats()
     same.add(SketchMF(capacity=capacity, dim=dim).learn_many(prefix.users, prefix.items, prefix.ratings),
@@ -127,7 +130,8 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     rate = {name: results[name]["throughput_per_s"] for name in learners}
     results["ratio_sketch_over_river"] = rate["sketch_batch"] / rate["river_biasedmf"]
     results["ratio_sketch_over_dense"] = rate["sketch_batch"] / rate["dense_batch"]
-    results["ratio_mix_over_river"] = rate["mix_batch"] / rate["river_biasedmf"]
+    results["ratio_mix_over_river"] = ratios[paired[1]]
+    results["ratio_mix_over_sketch"] = rate["mix_batch"] / rate["sketch_batch"]
     results["ratio_sketch_over_vw"] = rate["sketch_batch"] / rate["vowpal_wabbit"] if vw_available() else None
     return results
 
@@ -141,7 +145,8 @@ def print_table(results: dict) -> None:
     print(f"  sketch/river {results['ratio_sketch_over_river']:.1f}x, sketch/VW "
           + (f"{vw:.2f}x" if vw else "n/a (vowpalwabbit not installed)")
           + f", sketch/dense {results['ratio_sketch_over_dense']:.2f}x, "
-          f"mix (replay's default)/river {results['ratio_mix_over_river']:.1f}x, "
+          f"mix (replay's default)/river {results['ratio_mix_over_river']:.1f}x "
+          f"(mix/sketch {results['ratio_mix_over_sketch']:.2f}), "
           f"monitor overhead {results['ratio_monitor_overhead']:.3f}")
 
 
