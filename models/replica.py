@@ -27,6 +27,7 @@ from sketchrec.models.fleet_slots import FleetSlots
 from sketchrec.sketches.count_sketch import cell_indices
 
 FAMILIES = (USER, ITEM)
+_EMPTY = np.empty(0, np.uint64)
 
 
 def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
@@ -130,39 +131,51 @@ class ModelReplica:
         self._touched: list | None = [] if tracked and getattr(m, "dp", None) is None else None
         # float16: where the last take left rounding behind (compared again at the next take)
         self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
+        self._masks: tuple | None = None
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
-        """Record the ids of a learned batch (all rows, canaries included) for ``tracked``."""
-        if self._touched is not None:
-            self._touched.append((ukeys, ikeys))
+        """Record the ids of a learned batch (all rows, canaries included) for ``tracked``: an id
+        held in a heavy slot while it was learned changed its slot only, any other its cells."""
+        if self._touched is None:
+            return
+        if self.slots is None:
+            self._touched.append((ukeys, ikeys, _EMPTY, _EMPTY))
+            return
+        held = [self.slots.locate(k, np.full(len(k), f, np.uint8)) >= 0
+                for f, k in zip(FAMILIES, (ukeys, ikeys))]
+        self._touched.append((ukeys[~held[0]], ikeys[~held[1]], ukeys[held[0]], ikeys[held[1]]))
 
     def _where(self) -> tuple:
         """(cell indices, bias indices, held slots) the ids touched since the last take address;
-        (None, None, None): everything."""
+        (None, None, None): everything. Cells only for ids learned outside a slot (and ids evicted
+        since), slots only for ids learned in one: O(what changed), no pass over the model."""
         if self._touched is None:
             if self.slots is not None:
                 self.slots.spilled = []  # a full pass finds them anyway
             return None, None, None
         m = self.model
+        touched = self._touched + [(_EMPTY,) * 4]
         if self.slots is not None and self.slots.spilled:  # their unpublished part is in the cells
             keys, families = np.array(self.slots.spilled, dtype=np.uint64).reshape(-1, 2).T
             self.slots.spilled = []
-            self._touched.append(tuple(keys[families == f] for f in FAMILIES))
-        keys = [_distinct(np.concatenate([t[f] for t in self._touched] or [np.empty(0, np.uint64)]))
-                for f in FAMILIES]
+            touched.append((keys[families == USER], keys[families == ITEM], _EMPTY, _EMPTY))
         self._touched = []
+        keys = [_distinct(np.concatenate([t[n] for t in touched])) for n in range(4)]
+        if self._masks is None:  # reused: a fresh bitmap per take would be a pass over the model
+            self._masks = (np.zeros(m.vectors.cells.size, bool), np.zeros(m.biases.cells.size, bool))
         where = []
-        for cells, salts, carried in ((m.vectors.cells, m.store.salts, self._carry[0]),
-                                      (m.biases.cells, m.store.bias_salts, self._carry[1])):
-            mask = np.zeros(cells.size, dtype=bool)  # a pass over a bitmap beats sorting indices
-            for f in FAMILIES:
-                mask[cell_indices(salts[f], keys[f], cells.shape[1])] = True
-            mask[carried] = True
-            where.append(np.flatnonzero(mask))
+        for cells, salts, carried, mask in ((m.vectors.cells, m.store.salts, self._carry[0], self._masks[0]),
+                                            (m.biases.cells, m.store.bias_salts, self._carry[1], self._masks[1])):
+            found = [cell_indices(salts[f], keys[n], cells.shape[1]) for n, f in enumerate(FAMILIES)]
+            found = np.concatenate(found + [carried])
+            mask[found] = True   # a bitmap beats sorting the indices, which repeat
+            idx = np.flatnonzero(mask)
+            mask[idx] = False
+            where.append(idx)
         slots = None
         if self.slots is not None:
-            slots = np.concatenate([self.slots.locate(keys[f], np.full(len(keys[f]), f, np.uint8))
-                                    for f in FAMILIES] + [self.slots.locate(*self._carry[2:])])
+            slots = np.concatenate([self.slots.locate(keys[2 + n], np.full(len(keys[2 + n]), f, np.uint8))
+                                    for n, f in enumerate(FAMILIES)] + [self.slots.locate(*self._carry[2:])])
             slots = _distinct(slots[slots >= 0])
         return where[0], where[1], slots
 
