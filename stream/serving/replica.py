@@ -229,7 +229,7 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
 def _encode(body: bytes, compress: str) -> bytes:
     codec, packed = RAW, body
     if compress == "zstd" and zstandard is not None:
-        codec, packed = ZSTD, zstandard.ZstdCompressor(level=3).compress(body)
+        codec, packed = ZSTD, zstandard.ZstdCompressor(level=1)  # level 3: 1-2% fewer bytes, ~1 ms more per take.compress(body)
     elif compress != "none":
         codec, packed = ZLIB, zlib.compress(body, 6)
     if len(packed) >= len(body):
