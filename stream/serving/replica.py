@@ -229,7 +229,8 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
 def _encode(body: bytes, compress: str) -> bytes:
     codec, packed = RAW, body
     if compress == "zstd" and zstandard is not None:
-        codec, packed = ZSTD, zstandard.ZstdCompressor(level=1)  # level 3: 1-2% fewer bytes, ~1 ms more per take.compress(body)
+        # level 1: level 3 saved 1-2% of the bytes for ~1 ms more per 500-rating take
+        codec, packed = ZSTD, zstandard.ZstdCompressor(level=1).compress(body)
     elif compress != "none":
         codec, packed = ZLIB, zlib.compress(body, 6)
     if len(packed) >= len(body):
