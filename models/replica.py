@@ -83,6 +83,12 @@ def _moved(now, base, where, idx, values):
     return n
 
 
+@njit(nogil=True, cache=True)
+def _add_at(flat, idx, values):
+    for n in range(idx.shape[0]):
+        flat[idx[n]] += values[n]
+
+
 def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
     """(flat indices or None for dense, values) of ``publish`` output, checked against
     the array they apply to; None when the delta has none. Raises ValueError on a mismatch."""
@@ -113,6 +119,8 @@ def add_entries(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) ->
     flat = target.reshape(-1)  # a view: the state arrays are contiguous
     if idx is None:
         flat += values
+    elif values.dtype == flat.dtype and flat.dtype.kind == "f":
+        _add_at(flat, idx, values)  # distinct indices: the same sums as flat[idx] += values
     else:
         flat[idx] += values
 
