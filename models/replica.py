@@ -7,8 +7,8 @@ vector and bias cells, the rating count and sum, the learned/skipped counters, t
 count. A ``ModelReplica`` keeps a copy of the state it last published (its *base*); ``take``
 returns ``now - base`` (only the entries that changed) and moves the base to now; ``apply`` adds
 another replica's delta to the model and to the base alike, so it is not published again. A take
-compares every entry (O(cells)), or with ``tracked`` only the cells and slots that the ids learned
-since the last take address (O(ratings x depth x d) plus a bitmap pass over the cells).
+compares every entry (O(cells)), or with ``tracked`` only the cells of the ids learned outside a
+heavy slot and the slots of those learned in one (O(ratings x depth x d) plus a bitmap scan).
 
 The heavy-hitter slots are not additive in a single learner (an id's admission is a local
 decision that moves its estimate out of the cells); a replica runs them in fleet mode
@@ -176,7 +176,7 @@ class ModelReplica:
     def _where(self) -> tuple:
         """(cell indices, bias indices, held slots) the ids touched since the last take address;
         (None, None, None): everything. Cells only for ids learned outside a slot (and ids evicted
-        since), slots only for ids learned in one: O(what changed), no pass over the model."""
+        since), slots only for ids learned in one: O(what changed) plus one scan of a bitmap."""
         if self._touched is None:
             if self.slots is not None:
                 self.slots.spilled = []  # a full pass finds them anyway
@@ -189,7 +189,7 @@ class ModelReplica:
             touched.append((keys[families == USER], keys[families == ITEM], _EMPTY, _EMPTY))
         self._touched = []
         keys = [_distinct(np.concatenate([t[n] for t in touched])) for n in range(4)]
-        if self._masks is None:  # reused: a fresh bitmap per take would be a pass over the model
+        if self._masks is None:  # reused: allocating and zeroing one per take costs more
             self._masks = (np.zeros(m.vectors.cells.size, bool), np.zeros(m.biases.cells.size, bool))
         where = []
         for cells, salts, carried, mask in ((m.vectors.cells, m.store.salts, self._carry[0], self._masks[0]),
