@@ -7,8 +7,8 @@ vector and bias cells, the rating count and sum, the learned/skipped counters, t
 count. A ``ModelReplica`` keeps a copy of the state it last published (its *base*); ``take``
 returns ``now - base`` (only the entries that changed) and moves the base to now; ``apply`` adds
 another replica's delta to the model and to the base alike, so it is not published again. A take
-compares every entry (O(cells)), or with ``tracked`` only the cells and slots that the ids learned
-since the last take address (O(ratings x depth x d) plus a bitmap pass over the cells).
+compares every entry (O(cells)), or with ``tracked`` only the cells of the ids learned outside a
+heavy slot and the slots of those learned in one (O(ratings x depth x d) plus a bitmap scan).
 
 The heavy-hitter slots are not additive in a single learner (an id's admission is a local
 decision that moves its estimate out of the cells); a replica runs them in fleet mode
@@ -20,6 +20,7 @@ changes, the per-id residual changes of held ids and the ids announced.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from sketchrec.models._sgd import COUNT, RMAX, RMIN, TOTAL
 from sketchrec.models.base import ITEM, USER
@@ -27,6 +28,7 @@ from sketchrec.models.fleet_slots import FleetSlots
 from sketchrec.sketches.count_sketch import cell_indices
 
 FAMILIES = (USER, ITEM)
+_EMPTY = np.empty(0, np.uint64)
 
 
 def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
@@ -43,23 +45,48 @@ def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
     ({'x.i': array([1], dtype=uint32), 'x.v': array([4.])}, array([1., 5., 1., 1.]))
     """
     flat_now, flat_base = now.reshape(-1), base.reshape(-1)  # views: the arrays are contiguous
-    where = np.arange(flat_now.size) if where is None else where
-    diff = flat_now[where] - flat_base[where]
-    if dtype is not None:
-        diff = diff.astype(dtype)
-    moved = np.flatnonzero(diff)
-    idx, values = where[moved], diff[moved]
+    if where is not None and dtype is None:  # one compiled pass: the take's larger part
+        idx, values = np.empty(len(where), np.int64), np.empty(len(where), flat_now.dtype)
+        n = _moved(flat_now, flat_base, where, idx, values)
+        idx, values = idx[:n], values[:n]
+    else:
+        where = np.arange(flat_now.size) if where is None else where
+        diff = flat_now[where] - flat_base[where]
+        if dtype is not None:
+            diff = diff.astype(dtype)
+        moved = np.flatnonzero(diff)
+        idx, values = where[moved], diff[moved]
+        if dtype is None:
+            flat_base[idx] = flat_now[idx]
+        else:
+            flat_base[idx] += values
     if not len(idx):
         return {}
-    if dtype is None:
-        flat_base[idx] = flat_now[idx]
-    else:
-        flat_base[idx] += values
     if len(idx) * (4 + values.itemsize) < flat_now.size * values.itemsize:
         return {name + ".i": np.diff(idx, prepend=0).astype(np.uint32), name + ".v": values}
     dense = np.zeros(flat_now.size, dtype=values.dtype)
     dense[idx] = values
     return {name + ".d": dense}
+
+
+@njit(nogil=True, cache=True)
+def _moved(now, base, where, idx, values):
+    """idx, values = the entries of ``where`` where now != base, and their change; base = now
+    there. Returns how many (the same arithmetic as numpy's, in float32)."""
+    n = 0
+    for w in where:
+        change = now[w] - base[w]
+        if change != 0:
+            idx[n], values[n] = w, change
+            base[w] = now[w]
+            n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def _add_at(flat, idx, values):
+    for n in range(idx.shape[0]):
+        flat[idx[n]] += values[n]
 
 
 def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
@@ -92,6 +119,8 @@ def add_entries(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) ->
     flat = target.reshape(-1)  # a view: the state arrays are contiguous
     if idx is None:
         flat += values
+    elif values.dtype == flat.dtype and flat.dtype.kind == "f":
+        _add_at(flat, idx, values)  # distinct indices: the same sums as flat[idx] += values
     else:
         flat[idx] += values
 
@@ -130,39 +159,51 @@ class ModelReplica:
         self._touched: list | None = [] if tracked and getattr(m, "dp", None) is None else None
         # float16: where the last take left rounding behind (compared again at the next take)
         self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
+        self._masks: tuple | None = None
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
-        """Record the ids of a learned batch (all rows, canaries included) for ``tracked``."""
-        if self._touched is not None:
-            self._touched.append((ukeys, ikeys))
+        """Record the ids of a learned batch (all rows, canaries included) for ``tracked``: an id
+        held in a heavy slot while it was learned changed its slot only, any other its cells."""
+        if self._touched is None:
+            return
+        if self.slots is None:
+            self._touched.append((ukeys, ikeys, _EMPTY, _EMPTY))
+            return
+        held = [self.slots.locate(k, np.full(len(k), f, np.uint8)) >= 0
+                for f, k in zip(FAMILIES, (ukeys, ikeys))]
+        self._touched.append((ukeys[~held[0]], ikeys[~held[1]], ukeys[held[0]], ikeys[held[1]]))
 
     def _where(self) -> tuple:
         """(cell indices, bias indices, held slots) the ids touched since the last take address;
-        (None, None, None): everything."""
+        (None, None, None): everything. Cells only for ids learned outside a slot (and ids evicted
+        since), slots only for ids learned in one: O(what changed) plus one scan of a bitmap."""
         if self._touched is None:
             if self.slots is not None:
                 self.slots.spilled = []  # a full pass finds them anyway
             return None, None, None
         m = self.model
+        touched = self._touched + [(_EMPTY,) * 4]
         if self.slots is not None and self.slots.spilled:  # their unpublished part is in the cells
             keys, families = np.array(self.slots.spilled, dtype=np.uint64).reshape(-1, 2).T
             self.slots.spilled = []
-            self._touched.append(tuple(keys[families == f] for f in FAMILIES))
-        keys = [_distinct(np.concatenate([t[f] for t in self._touched] or [np.empty(0, np.uint64)]))
-                for f in FAMILIES]
+            touched.append((keys[families == USER], keys[families == ITEM], _EMPTY, _EMPTY))
         self._touched = []
+        keys = [_distinct(np.concatenate([t[n] for t in touched])) for n in range(4)]
+        if self._masks is None:  # reused: allocating and zeroing one per take costs more
+            self._masks = (np.zeros(m.vectors.cells.size, bool), np.zeros(m.biases.cells.size, bool))
         where = []
-        for cells, salts, carried in ((m.vectors.cells, m.store.salts, self._carry[0]),
-                                      (m.biases.cells, m.store.bias_salts, self._carry[1])):
-            mask = np.zeros(cells.size, dtype=bool)  # a pass over a bitmap beats sorting indices
-            for f in FAMILIES:
-                mask[cell_indices(salts[f], keys[f], cells.shape[1])] = True
-            mask[carried] = True
-            where.append(np.flatnonzero(mask))
+        for cells, salts, carried, mask in ((m.vectors.cells, m.store.salts, self._carry[0], self._masks[0]),
+                                            (m.biases.cells, m.store.bias_salts, self._carry[1], self._masks[1])):
+            found = [cell_indices(salts[f], keys[n], cells.shape[1]) for n, f in enumerate(FAMILIES)]
+            found = np.concatenate(found + [carried])
+            mask[found] = True   # a bitmap beats sorting the indices, which repeat
+            idx = np.flatnonzero(mask)
+            mask[idx] = False
+            where.append(idx)
         slots = None
         if self.slots is not None:
-            slots = np.concatenate([self.slots.locate(keys[f], np.full(len(keys[f]), f, np.uint8))
-                                    for f in FAMILIES] + [self.slots.locate(*self._carry[2:])])
+            slots = np.concatenate([self.slots.locate(keys[2 + n], np.full(len(keys[2 + n]), f, np.uint8))
+                                    for n, f in enumerate(FAMILIES)] + [self.slots.locate(*self._carry[2:])])
             slots = _distinct(slots[slots >= 0])
         return where[0], where[1], slots
 
