@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from sketchrec.data import Ratings
+from sketchrec.models.ranking import RankerMix
 from sketchrec.privacy.audit import is_canary, real_rows
 
 K = 10
@@ -75,8 +76,10 @@ def scorer_of(model) -> Callable[[object, np.ndarray], np.ndarray]:
 class TopN:
     """Scores the sampled events of a stream while the stream is learned (``learn``)."""
 
-    def __init__(self, scorer, positions: np.ndarray, k: int = K, threshold: float = THRESHOLD):
+    def __init__(self, scorer, positions: np.ndarray, k: int = K, threshold: float = THRESHOLD,
+                 mix: RankerMix | None = None):
         self.score = scorer_of(scorer)
+        self.mix = mix if mix is not None else RankerMix()   # the served ranking, learned here
         self.positions, self.k, self.threshold = np.asarray(positions, dtype=np.int64), k, threshold
         self.seen = 0                      # stream position of the next rating
         self.codes: dict = {}              # item id -> code, in order of first rating
@@ -85,6 +88,8 @@ class TopN:
         self.rated: defaultdict = defaultdict(set)      # user -> item codes rated so far
         self.model = np.zeros(2)           # sums of hits and gains
         self.popular = np.zeros(2)
+        self.served = np.zeros(2)
+        self.grid_hits = np.zeros(len(self.mix.grid))   # each blend's hits, for the report
         self.events = self.new_items = 0
         self.seconds = 0.0
 
@@ -144,16 +149,27 @@ class TopN:
             target = int(np.searchsorted(candidates, code))
             scores = self.score(user, self.ids[candidates])
             self.model += expected_hit_gain(*rank_counts(scores, target), self.k)
-            self.popular += expected_hit_gain(*rank_counts(self.counts[candidates], target), self.k)
+            counts = self.counts[candidates]
+            self.popular += expected_hit_gain(*rank_counts(counts, target), self.k)
+            # the served ranking as it stood before this event, then the event is its feedback
+            self.served += expected_hit_gain(*rank_counts(self.mix.scores(scores, counts), target),
+                                             self.k)
+            hits = self.mix.hits(scores, counts, target, self.k)
+            self.grid_hits += hits
+            self.mix.update(hits)
         self.seconds += time.perf_counter() - t0
 
     def result(self) -> dict:
         """{recall_at_10, ndcg_at_10, popularity: {...}, events, new_item_events, seconds, ...}
         (NaN figures when no event was scored)."""
-        model, popular = (sums / self.events if self.events else np.full(2, math.nan)
-                          for sums in (self.model, self.popular))
+        model, popular, served = (sums / self.events if self.events else np.full(2, math.nan)
+                                  for sums in (self.model, self.popular, self.served))
         names = (f"recall_at_{self.k}", f"ndcg_at_{self.k}")
+        grid = [{"model": a, "popularity": b, f"recall_at_{self.k}": h / max(self.events, 1)}
+                for (a, b), h in zip(self.mix.grid.tolist(), self.grid_hits.tolist())]
         return {**dict(zip(names, model.tolist())), "popularity": dict(zip(names, popular.tolist())),
+                "served": {**dict(zip(names, served.tolist())), "blend": list(self.mix.blend),
+                           "grid": grid},
                 "events": self.events, "new_item_events": self.new_items,
                 "sampled_positions": int(len(self.positions)), "threshold": self.threshold,
                 "seconds": self.seconds}
