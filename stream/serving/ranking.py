@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from sketchrec.models.ranking import RankerMix, RecentCounts, standardised
+from sketchrec.models.ranking import RankerMix, RecentCounts
 
 RELEVANT = 4.0   # a rating >= this is a hit to find
 
@@ -69,5 +69,10 @@ class ServedRanking:
         return time.monotonic() >= self._next_feedback
 
     def served(self, scores: np.ndarray, popular_term: np.ndarray, share: float) -> np.ndarray:
-        """The served ranking's scores of the snapshot's items for one user."""
-        return share * standardised(scores) + popular_term
+        """The served ranking's scores of the snapshot's items for one user: ``share`` times the
+        standardised scores plus the popularity term, less the constant ``share * mean / std``
+        (the same order, two passes fewer on the request's path)."""
+        sd = float(scores.std())
+        out = scores * (share / sd) if sd > 0 else np.zeros(len(scores))
+        out += popular_term
+        return out
