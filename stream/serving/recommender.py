@@ -10,6 +10,9 @@
   rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
   at most once per ten times its own build cost: recommendations reflect the model as of at most
   ``max(refresh_s, 10 x build time)`` ago (1 s by default; ~1 ms to build for ML-100k's catalogue).
+- the served ranking (``stream.serving.ranking``, unless ``served_ranking=False``): a known user's
+  items ranked by the model's score blended with all-time and recent popularity, weighted online
+  by the blends' hits on learned ratings >= 4 (the retrieval index's path ranks by the model alone),
 - for catalogues of ``index_threshold`` items or more, a retrieval index over the snapshot
   (``models.retrieval``: qoLSH codes, a Hamming short-list, exact re-rank of the short-list),
   refreshed incrementally with the snapshot; smaller catalogues are scored exactly.
@@ -112,7 +115,8 @@ class Recommender:
 
     def __init__(self, model, pair_capacity: int = 5_000_000, user_capacity: int = 1_000_000,
                  fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0,
-                 monitor=None, index_threshold: int = 20_000, index_shortlist: float = 0.1):
+                 monitor=None, index_threshold: int = 20_000, index_shortlist: float = 0.1,
+                 served_ranking: bool = True):
         self.model = model
         # not a base class: a Recommender does not pass unknown attributes on to the model
         self.learner = Wrapped(model, monitor)
@@ -128,7 +132,8 @@ class Recommender:
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
         self._snapshot: ItemSnapshot | None = None
         self._popular: tuple | None = None   # (built, model.n_learned, [(item, count)]) for popular()
-        self.ranking = ServedRanking()   # how a known user's items are ranked
+        # how a known user's items are ranked (None: by the model's scores alone)
+        self.ranking = ServedRanking() if served_ranking else None
         self._snapshot_lock = threading.Lock()
         self.learning = threading.Event()
         self.learning.set()  # cleared = paused
@@ -166,7 +171,7 @@ class Recommender:
         """The batch's first relevant rating by a known user, ranked before it is learned, is the
         served ranking's feedback (``stream.serving.ranking``), when due."""
         snap = self._snapshot
-        if snap is None or snap.counts is None or not self.ranking.due():
+        if snap is None or snap.counts is None or self.ranking is None or not self.ranking.due():
             return
         for n in np.flatnonzero(np.asarray(ratings) >= RELEVANT)[:8].tolist():
             ukey = np.array([key_of(users[n])], dtype=np.uint64)
@@ -272,11 +277,12 @@ class Recommender:
                     self.index = RetrievalIndex(vectors.shape[1], bits=128,
                                                 shortlist=self.index_shortlist)
                 self.index.update(vectors, biases)
-            counts = self.ranking.popularity(self.popularity.sketch.estimate_many(keys), learned)
+            ranking, served = self.ranking, ()
+            if ranking is not None:   # the served ranking's popularity, read once per rebuild
+                counts = ranking.popularity(self.popularity.sketch.estimate_many(keys), learned)
+                served = (counts, ranking.mix.popularity_term(counts), float(ranking.mix.blend[0]))
             self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned, time.monotonic(),
-                                          time.monotonic() - t0, counts,
-                                          self.ranking.mix.popularity_term(counts),
-                                          float(self.ranking.mix.blend[0]))
+                                          time.monotonic() - t0, *served)
         finally:
             self._snapshot_lock.release()
 
