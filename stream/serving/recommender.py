@@ -134,6 +134,8 @@ class Recommender:
         self._popular: tuple | None = None   # (built, model.n_learned, [(item, count)]) for popular()
         # how a known user's items are ranked (None: by the model's scores alone)
         self.ranking = ServedRanking() if served_ranking else None
+        if served_ranking:   # its first count-min read loads a kernel: not a rebuild's cost
+            self.popularity.sketch.estimate_many(np.zeros(1, dtype=np.uint64))
         self._snapshot_lock = threading.Lock()
         self.learning = threading.Event()
         self.learning.set()  # cleared = paused
@@ -277,12 +279,13 @@ class Recommender:
                     self.index = RetrievalIndex(vectors.shape[1], bits=128,
                                                 shortlist=self.index_shortlist)
                 self.index.update(vectors, biases)
+            cost = time.monotonic() - t0   # the factor read's, which the cadence bounds
             ranking, served = self.ranking, ()
-            if ranking is not None:   # the served ranking's popularity, read once per rebuild
+            if ranking is not None:   # the served ranking's popularity: a few passes over the ids
                 counts = ranking.popularity(self.popularity.sketch.estimate_many(keys), learned)
                 served = (counts, ranking.mix.popularity_term(counts), float(ranking.mix.blend[0]))
             self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned, time.monotonic(),
-                                          time.monotonic() - t0, *served)
+                                          cost, *served)
         finally:
             self._snapshot_lock.release()
 
