@@ -3,6 +3,8 @@ the ranking it is scored on. Just before that rating is learned, the model ranks
 the catalogue so far (items seen in the stream before it) that the user has not rated yet, and
 so does a popularity ranker (items by their count of ratings so far); recall@10 is the share of
 events whose item is in the top 10, NDCG@10 the mean of 1 / log2(1 + rank) over them (0 past 10).
+The served ranking (``models.ranking.RankerMix``, as /recommend ranks) is scored on the same
+events, each of which is then its feedback (prequential: scored before it learns from it).
 
 Ties are broken at random, in expectation: an item tied with t others below g better ones has
 rank g+1 ... g+t+1 with equal chances, so a constant score ranks nothing (no order of ids
@@ -23,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from sketchrec.data import Ratings
+from sketchrec.models.ranking import RankerMix, RecentCounts
 from sketchrec.privacy.audit import is_canary, real_rows
 
 K = 10
@@ -75,8 +78,10 @@ def scorer_of(model) -> Callable[[object, np.ndarray], np.ndarray]:
 class TopN:
     """Scores the sampled events of a stream while the stream is learned (``learn``)."""
 
-    def __init__(self, scorer, positions: np.ndarray, k: int = K, threshold: float = THRESHOLD):
+    def __init__(self, scorer, positions: np.ndarray, k: int = K, threshold: float = THRESHOLD,
+                 mix: RankerMix | None = None):
         self.score = scorer_of(scorer)
+        self.mix = mix if mix is not None else RankerMix()   # the served ranking, learned here
         self.positions, self.k, self.threshold = np.asarray(positions, dtype=np.int64), k, threshold
         self.seen = 0                      # stream position of the next rating
         self.codes: dict = {}              # item id -> code, in order of first rating
@@ -85,6 +90,9 @@ class TopN:
         self.rated: defaultdict = defaultdict(set)      # user -> item codes rated so far
         self.model = np.zeros(2)           # sums of hits and gains
         self.popular = np.zeros(2)
+        self.served = np.zeros(2)
+        self.grid_hits = np.zeros(len(self.mix.grid))   # each ranker's hits, for the report
+        self.recent = RecentCounts(self.mix.decays)     # the served ranking's recent popularity
         self.events = self.new_items = 0
         self.seconds = 0.0
 
@@ -123,6 +131,7 @@ class TopN:
         if len(self.codes) > len(self.counts):
             self.counts = np.pad(self.counts, (0, 2 * len(self.codes)))
         np.add.at(self.counts, codes, 1)
+        self.recent.add(np.array(codes, dtype=np.int64), len(codes))
         for user, code in zip(users, codes):
             self.rated[user].add(code)
         self.seconds += time.perf_counter() - t0
@@ -145,15 +154,31 @@ class TopN:
             scores = self.score(user, self.ids[candidates])
             self.model += expected_hit_gain(*rank_counts(scores, target), self.k)
             self.popular += expected_hit_gain(*rank_counts(self.counts[candidates], target), self.k)
+            recent = self.recent.counts
+            if recent.shape[1] < len(self.codes):
+                recent = np.pad(recent, ((0, 0), (0, len(self.codes) - recent.shape[1])))
+            counts = np.vstack([self.counts[candidates], recent[:, candidates]])
+            # the served ranking as it stood before this event, then the event is its feedback
+            self.served += expected_hit_gain(*rank_counts(self.mix.scores(scores, counts), target),
+                                             self.k)
+            hits = self.mix.hits(scores, counts, target, self.k)
+            self.grid_hits += hits
+            self.mix.update(hits)
         self.seconds += time.perf_counter() - t0
 
     def result(self) -> dict:
         """{recall_at_10, ndcg_at_10, popularity: {...}, events, new_item_events, seconds, ...}
         (NaN figures when no event was scored)."""
-        model, popular = (sums / self.events if self.events else np.full(2, math.nan)
-                          for sums in (self.model, self.popular))
+        model, popular, served = (sums / self.events if self.events else np.full(2, math.nan)
+                                  for sums in (self.model, self.popular, self.served))
         names = (f"recall_at_{self.k}", f"ndcg_at_{self.k}")
+        best = int(np.argmax(self.grid_hits))
         return {**dict(zip(names, model.tolist())), "popularity": dict(zip(names, popular.tolist())),
+                "served": {**dict(zip(names, served.tolist())), "blend": self.mix.blend.round(4).tolist(),
+                           "best_ranker": self.mix.grid[best].round(4).tolist(),
+                           f"best_ranker_recall_at_{self.k}": self.grid_hits[best] / max(self.events, 1),
+                           "signals": ["model", "popularity"] + [f"popularity decay {d:g}"
+                                                                 for d in self.mix.decays]},
                 "events": self.events, "new_item_events": self.new_items,
                 "sampled_positions": int(len(self.positions)), "threshold": self.threshold,
                 "seconds": self.seconds}

@@ -67,9 +67,13 @@ def test_recommend_excludes_rated_items_and_is_best_first(served):
     assert body["source"] == "model" and len(items) == 50
     assert not rated & set(items)
     assert scores == sorted(scores, reverse=True)
-    # the same top-k as exact scoring of every unseen catalogue item (the snapshot is float32)
+    # the same top-k as the served ranking of exact scores of every unseen catalogue item (the
+    # snapshot is float32)
+    rec = service.recommender
+    snap = rec.item_snapshot()
+    served = rec.ranking.served(rec.model.score_items(user, snap.ids), snap.popular, snap.share)
     catalogue = sorted(set(data.items.tolist()) - rated)
-    exact = dict(zip(catalogue, service.recommender.model.score_items(user, catalogue)))
+    exact = {i: s for i, s in zip(snap.ids, served) if i in set(catalogue)}
     assert set(items) <= set(catalogue)
     np.testing.assert_allclose(scores, [exact[i] for i in items], atol=1e-4)
     left_out = [exact[i] for i in catalogue if i not in set(items)]

@@ -127,9 +127,11 @@ def _evaluation_lines(result: dict) -> list[str]:
                      f"{curve['window']:,})")
     top = result.get("topn")
     if top:
-        pop = top["popularity"]
-        lines.append(f"  top-10            recall {top['recall_at_10']:.4f}, NDCG {top['ndcg_at_10']:.4f}"
-                     f"  (popularity {pop['recall_at_10']:.4f}, {pop['ndcg_at_10']:.4f}) on "
+        pop, served = top["popularity"], top.get("served") or top
+        lines.append(f"  top-10            served recall {served['recall_at_10']:.4f}, NDCG "
+                     f"{served['ndcg_at_10']:.4f}  (model {top['recall_at_10']:.4f}, "
+                     f"{top['ndcg_at_10']:.4f}; popularity {pop['recall_at_10']:.4f}, "
+                     f"{pop['ndcg_at_10']:.4f}) on "
                      f"{top['events']:,} ratings >= {top['threshold']:g}, {top['seconds']:.2f} s")
     synth = result.get("synthetic")
     if synth:

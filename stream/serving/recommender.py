@@ -10,6 +10,9 @@
   rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
   at most once per ten times its own build cost: recommendations reflect the model as of at most
   ``max(refresh_s, 10 x build time)`` ago (1 s by default; ~1 ms to build for ML-100k's catalogue).
+- the served ranking (``stream.serving.ranking``, unless ``served_ranking=False``): a known user's
+  items ranked by the model's score blended with all-time and recent popularity, weighted online
+  by the blends' hits on learned ratings >= 4 (the retrieval index's path ranks by the model alone),
 - for catalogues of ``index_threshold`` items or more, a retrieval index over the snapshot
   (``models.retrieval``: qoLSH codes, a Hamming short-list, exact re-rank of the short-list),
   refreshed incrementally with the snapshot; smaller catalogues are scored exactly.
@@ -34,6 +37,7 @@ import numpy as np
 from sketchrec.models.base import ITEM, USER
 from sketchrec.models.wrapped import Wrapped
 from sketchrec.privacy.audit import real_rows
+from sketchrec.stream.serving.ranking import RELEVANT, ServedRanking
 from sketchrec.sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
 from sketchrec.sketches.hashing import as_keys, key_of
 
@@ -95,6 +99,9 @@ class ItemSnapshot:
     learned: int          # model.n_learned when read
     built: float          # time.monotonic() when read
     cost: float           # seconds the read took
+    counts: np.ndarray | None = None    # popularity signals per item (stream.serving.ranking)
+    popular: np.ndarray | None = None   # the served ranking's popularity term per item
+    share: float = 1.0                  # the served ranking's weight on the standardised model score
 
 
 def _learner_hook(name: str, doc: str) -> property:
@@ -108,7 +115,8 @@ class Recommender:
 
     def __init__(self, model, pair_capacity: int = 5_000_000, user_capacity: int = 1_000_000,
                  fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0,
-                 monitor=None, index_threshold: int = 20_000, index_shortlist: float = 0.1):
+                 monitor=None, index_threshold: int = 20_000, index_shortlist: float = 0.1,
+                 served_ranking: bool = True):
         self.model = model
         # not a base class: a Recommender does not pass unknown attributes on to the model
         self.learner = Wrapped(model, monitor)
@@ -124,6 +132,10 @@ class Recommender:
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
         self._snapshot: ItemSnapshot | None = None
         self._popular: tuple | None = None   # (built, model.n_learned, [(item, count)]) for popular()
+        # how a known user's items are ranked (None: by the model's scores alone)
+        self.ranking = ServedRanking() if served_ranking else None
+        if served_ranking:   # its first count-min read loads a kernel: not a rebuild's cost
+            self.popularity.sketch.estimate_many(np.zeros(1, dtype=np.uint64))
         self._snapshot_lock = threading.Lock()
         self.learning = threading.Event()
         self.learning.set()  # cleared = paused
@@ -145,6 +157,7 @@ class Recommender:
     def _learn(self, users, items, ratings, epoch: int, private: bool) -> np.ndarray:
         self.learning.wait()
         users, items = np.asarray(users), np.asarray(items)
+        self._feedback(users, items, ratings)
         ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)
         real = real_rows(users)
         for observe in self.observers:
@@ -155,6 +168,22 @@ class Recommender:
         self.popularity.add_many(items, ikeys)
         self.catalogue.add(items, ikeys)
         return predictions
+
+    def _feedback(self, users, items, ratings) -> None:
+        """The batch's first relevant rating by a known user, ranked before it is learned, is the
+        served ranking's feedback (``stream.serving.ranking``), when due."""
+        snap = self._snapshot
+        if snap is None or snap.counts is None or self.ranking is None or not self.ranking.due():
+            return
+        for n in np.flatnonzero(np.asarray(ratings) >= RELEVANT)[:8].tolist():
+            ukey = np.array([key_of(users[n])], dtype=np.uint64)
+            real = np.ones(1, dtype=bool)[real_rows(users[n:n + 1])]   # empty for a canary
+            if len(real) and real[0] and self.users_seen.contains_many(ukey)[0]:
+                p, bu = self.model.factors(ukey, USER)
+                self.ranking.feedback(snap, snap.counts, p[0], self.model.global_mean + bu[0],
+                                      key_of(items[n]), lambda rows: self.pairs_seen.contains_many(
+                                          pair_keys(np.full(len(rows), ukey[0]), snap.keys[rows])))
+                return
 
     def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
         return self.learner.predict_many(users, items, clip=clip)
@@ -174,7 +203,8 @@ class Recommender:
         return float(self.predict_many(keys[:1], keys[1:])[0])
 
     def recommend(self, user, k: int) -> tuple[list[tuple[object, float]], str]:
-        """Top-k unseen items for the user, best first, and where they came from
+        """Top-k unseen items for the user, best first, with the served ranking's scores
+        (``stream.serving.ranking``; the model's own on the retrieval index's path), and where they came from
         ("model", "model-index" when the retrieval index answered, or "popular" for a user the
         model has not seen)."""
         ukey = user_key(user)
@@ -199,9 +229,10 @@ class Recommender:
             if len(rows) == k:
                 return [(ids[n], float(s + offset)) for n, s in zip(rows, scores)], "model-index"
         scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + offset
-        top = _top_unseen(scores, k, seen_rows)
-        top = top[np.isfinite(scores[top])]
-        return list(zip([ids[n] for n in top.tolist()], scores[top].tolist())), "model"
+        ranked = scores if snap.popular is None else self.ranking.served(scores, snap.popular, snap.share)
+        top = _top_unseen(ranked, k, seen_rows)
+        top = top[np.isfinite(ranked[top])]
+        return list(zip([ids[n] for n in top.tolist()], ranked[top].tolist())), "model"
 
     def popular(self, k: int) -> list[tuple[object, float]]:
         """The k most rated items with their estimated counts, re-ranked when the model has
@@ -248,8 +279,13 @@ class Recommender:
                     self.index = RetrievalIndex(vectors.shape[1], bits=128,
                                                 shortlist=self.index_shortlist)
                 self.index.update(vectors, biases)
-            self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned,
-                                          time.monotonic(), time.monotonic() - t0)
+            cost = time.monotonic() - t0   # the factor read's, which the cadence bounds
+            ranking, served = self.ranking, ()
+            if ranking is not None:   # the served ranking's popularity: a few passes over the ids
+                counts = ranking.popularity(self.popularity.sketch.estimate_many(keys), learned)
+                served = (counts, ranking.mix.popularity_term(counts), float(ranking.mix.blend[0]))
+            self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned, time.monotonic(),
+                                          cost, *served)
         finally:
             self._snapshot_lock.release()
 
