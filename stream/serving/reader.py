@@ -75,7 +75,9 @@ class ReplicaRecommender(Recommender):
 
     @classmethod
     def over(cls, block: SharedBlock) -> "ReplicaRecommender":
-        rec = cls(block.model(), pair_capacity=1, user_capacity=1)
+        # the served ranking's state (its weights, the count-min's counts) stays in the learner's
+        # process: readers rank a known user's items by the model alone
+        rec = cls(block.model(), pair_capacity=1, user_capacity=1, served_ranking=False)
         rec.pairs_seen, rec.users_seen = block.bloom("pairs_seen"), block.bloom("users_seen")
         rec.catalogue, rec.popularity, rec.block = SharedCatalogue(block), PublishedPopular(), block
         return rec
