@@ -63,3 +63,26 @@ def test_recommend_after_feedback_returns_k_unseen_items():
         rated = set(items[users == user].tolist())
         assert source == "model" and len(top) == 5 and not rated & {i for i, _ in top}
         assert [s for _, s in top] == sorted((s for _, s in top), reverse=True)
+
+
+def test_a_dp_model_ranks_by_its_scores_alone():
+    """Under central DP /recommend's scores are the release: no exact popularity may move them.
+    The same recommender without DP (the broken variant) does blend popularity in."""
+    from sketchrec.models.dp_sgd import DPConfig
+    rng = np.random.default_rng(3)
+    users, items = rng.integers(0, 40, 4000), rng.zipf(1.3, 4000) % 120
+    ratings = np.where(rng.random(4000) < 0.6, 5.0, 2.0)
+    served = {}
+    for private in (False, True):
+        dp = DPConfig(noise_multiplier=1.0) if private else None
+        rec = Recommender(SketchMF(capacity=200, dim=8, dp=dp), pair_capacity=50_000, refresh_s=0.0)
+        for lo in range(0, 4000, 50):
+            rec.learn_many(users[lo:lo + 50], items[lo:lo + 50], ratings[lo:lo + 50])
+            rec.item_snapshot()
+            rec.ranking._next_feedback = 0.0
+        rec._snapshot = None   # a snapshot of the model as it is now
+        rec.item_snapshot()
+        top, _ = rec.recommend(5, 10)
+        scores = rec.model.score_items(5, np.array([i for i, _ in top]))
+        served[private] = np.allclose([s for _, s in top], scores, atol=1e-4)
+    assert served == {False: False, True: True}

@@ -10,7 +10,8 @@
   rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
   at most once per ten times its own build cost: recommendations reflect the model as of at most
   ``max(refresh_s, 10 x build time)`` ago (1 s by default; ~1 ms to build for ML-100k's catalogue).
-- the served ranking (``stream.serving.ranking``, unless ``served_ranking=False``): a known user's
+- the served ranking (``stream.serving.ranking``, unless ``served_ranking=False`` or the model is
+  central-DP: its release covers the scores, the counts are operator state): a known user's
   items ranked by the model's score blended with all-time and recent popularity, weighted online
   by the blends' hits on learned ratings >= 4 (the retrieval index's path ranks by the model alone),
 - for catalogues of ``index_threshold`` items or more, a retrieval index over the snapshot
@@ -108,6 +109,13 @@ def _learner_hook(name: str, doc: str) -> property:
     """A Recommender attribute that is its learner's (a ``Wrapped``) hook of that name."""
     return property(lambda self: getattr(self.learner, name),
                     lambda self, value: setattr(self.learner, name, value), doc=doc)
+
+
+def _ranks_publicly(model) -> bool:
+    """Whether the served ranking may blend popularity in: not under central DP, whose release
+    covers /recommend's scores (``privacy.release``) while the count-min's exact counts and the
+    ranking's feedback are operator state; a DP model's items are ranked by the model alone."""
+    return getattr(model, "dp", None) is None
 
 
 class Recommender:
@@ -281,7 +289,7 @@ class Recommender:
                 self.index.update(vectors, biases)
             cost = time.monotonic() - t0   # the factor read's, which the cadence bounds
             ranking, served = self.ranking, ()
-            if ranking is not None:   # the served ranking's popularity: a few passes over the ids
+            if ranking is not None and _ranks_publicly(self.model):   # the served ranking's popularity: a few passes over the ids
                 counts = ranking.popularity(self.popularity.sketch.estimate_many(keys), learned)
                 served = (counts, ranking.mix.popularity_term(counts), float(ranking.mix.blend[0]))
             self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned, time.monotonic(),
