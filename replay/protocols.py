@@ -83,8 +83,13 @@ def split_holdout(ratings: Ratings, fraction: float, seed: int) -> tuple[Ratings
 
 def train_epochs(model, train: Ratings, epochs: int, seed: int, batch_size: int = 10_000,
                  after_epoch: Callable[[int, int], None] | None = None) -> int:
-    """`epochs` passes over `train`, shuffled each epoch (seeded), eta_t by epoch; ratings learned."""
+    """`epochs` passes over `train`, shuffled each epoch (seeded), eta_t by epoch; ratings learned.
+    A model with ``plan_epochs`` is told the number of passes first (e.g. the combination keeps a
+    slice of the pairs unlearned until the last one, to weight its members on)."""
     rng = np.random.default_rng(seed)
+    plan = getattr(model, "plan_epochs", None)
+    if plan is not None:
+        plan(epochs)
     learned = 0
     for epoch in range(epochs):
         for batch in train.take(rng.permutation(len(train))).batches(batch_size):

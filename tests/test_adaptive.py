@@ -102,3 +102,22 @@ def test_combination_beats_the_bias_baseline_and_round_trips_through_a_checkpoin
     rec.learn_many(users, items, stream.ratings[:50])
     again = Recommender.from_parts(rec.state_parts(), Experts)
     assert again.recommend(users[0], 5) == rec.recommend(users[0], 5)
+
+
+def test_planned_epochs_keep_the_slice_unlearned_until_the_last_pass():
+    # the holdout protocol tells the combination its passes: before the last one the members
+    # never learn the validation slice (their weights follow errors on ratings they never saw),
+    # in the last they learn it; a member's "epochs" settings replace its one-pass ones
+    from sketchrec.models.experts import validation_slice
+    from sketchrec.sketches.hashing import as_keys
+    from sketchrec.replay.protocols import train_epochs
+    stream = change_point_stream(2_000, 50, 40, seed=1)
+    members = [{"model": "BiasBaseline"},
+               {"model": "SketchMF", "lr": 0.2, "reg": 0.02, "epochs": {"reg": 0.1}}]
+    mix = Experts(members, capacity=100)
+    held = int(validation_slice(as_keys(stream.users), as_keys(stream.items)).sum())
+    learned = []
+    train_epochs(mix, stream, 3, seed=0,
+                 after_epoch=lambda e, n: learned.append(mix.members_[1].n_learned))
+    assert mix.planned_epochs == 3 and mix.members_[1].reg == 0.1 and 0 < held < 2_000
+    assert learned == [2_000 - held, 2 * (2_000 - held), 3 * 2_000 - 2 * held]
