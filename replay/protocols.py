@@ -87,9 +87,11 @@ def train_epochs(model, train: Ratings, epochs: int, seed: int, batch_size: int 
     A model with ``plan_epochs`` is told the number of passes first (e.g. the combination keeps a
     slice of the pairs unlearned until the last one, to weight its members on)."""
     rng = np.random.default_rng(seed)
-    plan = getattr(model, "plan_epochs", None)
-    if plan is not None:
-        plan(epochs)
+    inner = model
+    while inner is not None and not hasattr(inner, "plan_epochs"):
+        inner = getattr(inner, "model", None)   # e.g. the serving recommender wraps the model
+    if inner is not None:
+        inner.plan_epochs(epochs)
     learned = 0
     for epoch in range(epochs):
         for batch in train.take(rng.permutation(len(train))).batches(batch_size):
