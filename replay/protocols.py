@@ -93,12 +93,16 @@ def train_epochs(model, train: Ratings, epochs: int, seed: int, batch_size: int 
     if inner is not None:
         inner.plan_epochs(epochs)
     learned = 0
-    for epoch in range(epochs):
-        for batch in train.take(rng.permutation(len(train))).batches(batch_size):
-            model.learn_many(batch.users, batch.items, batch.ratings, epoch=epoch)
-            learned += len(batch)
-        if after_epoch:
-            after_epoch(epoch, learned)
+    try:
+        for epoch in range(epochs):
+            for batch in train.take(rng.permutation(len(train))).batches(batch_size):
+                model.learn_many(batch.users, batch.items, batch.ratings, epoch=epoch)
+                learned += len(batch)
+            if after_epoch:
+                after_epoch(epoch, learned)
+    finally:
+        if inner is not None:
+            inner.plan_epochs(1)   # what it learns next is a stream (e.g. served, learning live)
     return learned
 
 

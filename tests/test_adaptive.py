@@ -120,5 +120,8 @@ def test_planned_epochs_keep_the_slice_unlearned_until_the_last_pass():
     # through the serving recommender (replay --serve trains it): the plan reaches the model
     train_epochs(Recommender(mix, pair_capacity=1_000), stream, 3, seed=0,
                  after_epoch=lambda e, n: learned.append(mix.members_[1].n_learned))
-    assert mix.planned_epochs == 3 and mix.members_[1].reg == 0.1 and 0 < held < 2_000
+    assert mix.members_[1].reg == 0.1 and 0 < held < 2_000
     assert learned == [2_000 - held, 2 * (2_000 - held), 3 * 2_000 - 2 * held]
+    # once trained, what it learns is a stream again (served, learning live): every rating
+    mix.learn_many(stream.users, stream.items, stream.ratings)
+    assert mix.planned_epochs is None and mix.members_[1].n_learned == learned[-1] + 2_000
