@@ -109,6 +109,9 @@ def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetS
                                                     "ratings_learned": int(recommender.model.n_learned)})
 
 
+POLL_CHUNKS = 50   # sync-sized chunks per input poll, at most
+
+
 class FleetLearner(KafkaLearner):
     """One member of a fleet (see the module docstring). ``service`` comes from ``open_replica``."""
 
@@ -116,7 +119,7 @@ class FleetLearner(KafkaLearner):
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
                  model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
-                 sync_ratings: int = 500, **kw):
+                 sync_ratings: int = 500, max_poll_records: int = 20_000, **kw):
         self.state: FleetState = service.fleet
         self.tracker: DeltaTracker = service.tracker
         self.model_topic = model_topic
@@ -129,11 +132,14 @@ class FleetLearner(KafkaLearner):
         self.seq, self.bytes_published, self.inflight = 0, 0, []
         self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
         self.sync_ratings = sync_ratings
+        self.per_message: float | None = None   # ratings per input message, as measured
+        self.max_poll = max_poll_records
         self.fenced: Exception | None = None
         self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
+        # large polls (a small one waits on a fetch round trip); _learn cuts them into sync-sized
+        # chunks and publishes between chunks
         super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
-                         checkpoint_seconds=sync_ms / 1000.0,
-                         max_poll_records=max(1, sync_ratings // 100), **kw)  # then adapted
+                         checkpoint_seconds=sync_ms / 1000.0, max_poll_records=max_poll_records, **kw)
         # local positions, not the fleet's (those are service.offsets)
         self.book = OffsetBook({}, sync_ratings, sync_ms / 1000.0)
 
@@ -164,17 +170,47 @@ class FleetLearner(KafkaLearner):
             self.book.offsets[p] = self.published[p] = at
 
     def _learn(self, records: dict) -> None:
-        if self.fenced is not None:
-            return  # nothing more: the loop is ending
-        before, self.first_at = self.book._pending, self.first_at or time.time()
-        super()._learn(records)
-        self.own += self.book._pending - before
-        self.last_at = time.time()
-        # replicas drift apart the more each learns alone between syncs: one poll brings about
-        # sync_ratings ratings, whatever the number of ratings per message
-        messages = sum(len(batch) for batch in records.values())
-        per_message = max(1.0, (self.book._pending - before) / max(messages, 1))
-        self.consumer.config["max_poll_records"] = max(1, int(self.sync_ratings / per_message))
+        """Learn a poll's messages in chunks of about ``sync_ratings`` ratings, publishing a delta
+        when one is due and adding the other members' deltas between chunks: replicas drift apart
+        the more each learns alone between syncs, whatever the poll size. Each chunk's offsets are
+        stored as it is learned, so a stop between chunks publishes exactly what was learned."""
+        self.first_at = self.first_at or time.time()
+        for chunk in self._chunks(records):
+            if self.fenced is not None or self.stop.is_set():
+                return  # the rest is consumed again by whoever resumes from the published offsets
+            before = self.book._pending
+            super()._learn(chunk)
+            learned = self.book._pending - before
+            self.own += learned
+            messages = sum(len(batch) for batch in chunk.values())
+            self.per_message = max(1.0, learned / max(messages, 1))
+            self.last_at = time.time()
+            if self.book.expired():
+                self.checkpoint("interval")
+            self._tick()
+        # a poll of at most POLL_CHUNKS chunks: big enough that most polls find fetched data,
+        # small enough to stay far within the group's max poll interval on a loaded machine
+        self.consumer.config["max_poll_records"] = min(self.max_poll, POLL_CHUNKS * self._chunk_messages())
+
+    def _chunks(self, records: dict):
+        """Sub-polls of ``records`` (partition -> messages, in order) of about ``sync_ratings``
+        ratings each, by the ratings per message measured so far (the first chunk is 1 message)."""
+        chunk, room = {}, self._chunk_messages()
+        for tp, messages in records.items():
+            at = 0
+            while at < len(messages):
+                part = messages[at:at + room]
+                chunk[tp], at, room = part, at + len(part), room - len(part)
+                if room == 0:
+                    yield chunk
+                    chunk, room = {}, self._chunk_messages()
+        if chunk:
+            yield chunk
+
+    def _chunk_messages(self) -> int:
+        if self.per_message is None:
+            return 1
+        return max(1, int(self.sync_ratings / self.per_message))
 
     def checkpoint(self, why: str, blocking_commit: bool = True) -> bool:
         """Publish what was learned since the last publish. Before giving partitions up (and
