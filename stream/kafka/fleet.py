@@ -110,6 +110,7 @@ def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetS
 
 
 POLL_CHUNKS = 50   # sync-sized chunks per input poll, at most
+ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
 
 
 class FleetLearner(KafkaLearner):
@@ -131,7 +132,7 @@ class FleetLearner(KafkaLearner):
         self.errors, self.skipped_since = ErrorStats(), Counter()
         self.seq, self.bytes_published, self.inflight = 0, 0, []
         self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
-        self.sync_ratings = sync_ratings
+        self.sync_ratings = self.chunk_ratings = sync_ratings
         self.per_message: float | None = None   # ratings per input message, as measured
         self.max_poll = max_poll_records
         self.fenced: Exception | None = None
@@ -175,6 +176,7 @@ class FleetLearner(KafkaLearner):
         the more each learns alone between syncs, whatever the poll size. Each chunk's offsets are
         stored as it is learned, so a stop between chunks publishes exactly what was learned."""
         self.first_at = self.first_at or time.time()
+        self._pace()
         for chunk in self._chunks(records):
             if self.fenced is not None or self.stop.is_set():
                 return  # the rest is consumed again by whoever resumes from the published offsets
@@ -210,7 +212,19 @@ class FleetLearner(KafkaLearner):
     def _chunk_messages(self) -> int:
         if self.per_message is None:
             return 1
-        return max(1, int(self.sync_ratings / self.per_message))
+        return max(1, int(self.chunk_ratings / self.per_message))
+
+    def _pace(self) -> None:
+        """``sync_ratings`` bounds how far learners drift apart (each learns from a replica
+        lacking the others' latest deltas). A member holding every partition of the topic is
+        the group's only learner (a zombie's deltas are refused): nothing drifts, so it publishes
+        every ALONE x sync_ratings ratings or ``sync_ms``, whichever comes first, and saves most
+        takes. Its next rebalance (a member joining) brings it back to ``sync_ratings``."""
+        partitions = self.consumer.partitions_for_topic(self.topic) or set()
+        held = {tp.partition for tp in self.consumer.assignment()}
+        alone = bool(partitions) and partitions <= held
+        self.chunk_ratings = self.sync_ratings * (ALONE if alone else 1)
+        self.book.every = self.chunk_ratings
 
     def checkpoint(self, why: str, blocking_commit: bool = True) -> bool:
         """Publish what was learned since the last publish. Before giving partitions up (and
