@@ -120,10 +120,9 @@ class FleetSlots:
     def locate(self, keys: np.ndarray, families: np.ndarray) -> np.ndarray:
         """Slot of each id, -1 where not held."""
         h = self.model.heavy
-        starts = bucket_starts(keys, families, h.n_slots)
-        ways = starts[:, None] + np.arange(WAYS)
-        hit = (h.keys[ways] == keys[:, None]) & (h.families[ways] == families[:, None])
-        return np.where(hit.any(axis=1), starts + hit.argmax(axis=1), -1)
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        families = np.ascontiguousarray(families, dtype=np.uint8)
+        return _find(h.keys, h.families, keys, families, bucket_starts(keys, families, h.n_slots))
 
     def admit(self, keys: np.ndarray, families: np.ndarray, bases: tuple) -> None:
         """Announced ids join their buckets, which keep their WAYS smallest (key, family); an id
@@ -212,3 +211,15 @@ def _refresh(rows, view, S, keys, families, slots, cells, salts, bias, bias_salt
             local = rows[s, l] - view[s, l]
             view[s, l] = fresh
             rows[s, l] = fresh + local
+
+
+@njit(nogil=True, cache=True)
+def _find(slot_keys, slot_families, keys, families, starts):
+    """Slot of each (key, family) within its bucket, -1 where not held (``locate``)."""
+    out = np.full(keys.shape[0], -1, np.int64)
+    for n in range(keys.shape[0]):
+        for s in range(starts[n], starts[n] + WAYS):
+            if slot_keys[s] == keys[n] and slot_families[s] == families[n]:
+                out[n] = s
+                break
+    return out
