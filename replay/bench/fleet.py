@@ -10,7 +10,8 @@ measured in one run, so that the ratios hold on a busy machine:
 - a bare kafka-python consumer that only fetches (the ceiling),
 - a plain `consume --checkpoint` learner in-process (no fleet: what one member can approach),
 - one `consume --fleet` member alone, and two members of one group (separate processes): ratings/s
-  from each member's first to its last learned batch (for two: the first start to the last end),
+  from the member's first to its last learned batch; for two, while both were learning (they
+  start seconds apart),
 - the delta bytes each member published per rating it learned.
 
 Then the lag from a rating's produce to its effect on a serving replica's /predict: ``--probes``
@@ -57,9 +58,18 @@ def members(bootstrap: str, topic: str, n: int, capacity: int, sync_ratings: int
 
 
 def fleet_rate(reports: list[dict]) -> float:
-    """Ratings/s of the fleet: all they learned over the first start to the last end."""
-    span = max(r["last_at"] for r in reports) - min(r["first_at"] for r in reports)
-    return sum(r["own_ratings"] for r in reports) / max(span, 1e-9)
+    """Ratings/s of the fleet while every member was learning (from the last member's first
+    learned batch to the first member's last: members start seconds apart, and one alone for
+    a while learns as a lone member does); one member: its first to its last batch."""
+    start = max(r["first_at"] for r in reports)
+    end = min(r["last_at"] for r in reports)
+    if end - start < 0.5:   # hardly any overlap: the whole span instead
+        start, end = min(r["first_at"] for r in reports), max(r["last_at"] for r in reports)
+    learned = 0.0
+    for r in reports:
+        times, own = np.array(r["progress"], dtype=float).T
+        learned += np.interp(end, times, own) - np.interp(start, times, own)
+    return learned / max(end - start, 1e-9)
 
 
 def _free_port() -> int:

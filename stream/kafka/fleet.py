@@ -137,6 +137,7 @@ class FleetLearner(KafkaLearner):
         self.max_poll = max_poll_records
         self.fenced: Exception | None = None
         self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
+        self.progress: list[tuple[float, int]] = []   # (time, own) every 50 ms or so (figures)
         # large polls (a small one waits on a fetch round trip); _learn cuts them into sync-sized
         # chunks and publishes between chunks
         super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
@@ -175,7 +176,9 @@ class FleetLearner(KafkaLearner):
         when one is due and adding the other members' deltas between chunks: replicas drift apart
         the more each learns alone between syncs, whatever the poll size. Each chunk's offsets are
         stored as it is learned, so a stop between chunks publishes exactly what was learned."""
-        self.first_at = self.first_at or time.time()
+        if self.first_at is None:
+            self.first_at = time.time()
+            self.progress.append((self.first_at, 0))
         self._pace()
         for chunk in self._chunks(records):
             if self.fenced is not None or self.stop.is_set():
@@ -187,6 +190,8 @@ class FleetLearner(KafkaLearner):
             messages = sum(len(batch) for batch in chunk.values())
             self.per_message = max(1.0, learned / max(messages, 1))
             self.last_at = time.time()
+            if self.last_at - self.progress[-1][0] >= 0.05:
+                self.progress.append((self.last_at, self.own))
             if self.book.expired():
                 self.checkpoint("interval")
             self._tick()
