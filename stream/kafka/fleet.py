@@ -1,9 +1,17 @@
 """A fleet: many `consume --fleet` processes of one consumer group share one model.
 
-Each member learns from the partitions the group gives it and, every ``sync_ms``, publishes what it
-learned since its last publish (``DeltaTracker.take()``) to the model topic with the input offsets
-that delta covers (``kafka.model_topic``); it adds every other member's accepted delta to its own
-replica. A read-only ``FleetReplica`` (`sketchrec serve --bootstrap … --topic T`) only adds.
+Each member learns from the partitions the group gives it and, every ``sync_ms`` or
+``sync_ratings`` (whichever first), publishes what it learned since its last publish
+(``DeltaTracker.take()``) to the model topic with the input offsets that delta covers
+(``kafka.model_topic``); it adds every other member's accepted delta to its own replica. A
+read-only ``FleetReplica`` (`sketchrec serve --bootstrap … --topic T`) only adds.
+
+Pace. A member polls large batches (a small poll waits on a fetch round trip) and learns each in
+chunks of about ``sync_ratings`` ratings, publishing and reading the model topic between chunks;
+each chunk's offsets are stored as it is learned, so what a delta covers stays exact. A member
+holding every partition is the group's only learner: nothing can drift, so it publishes every
+``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``), and returns to ``sync_ratings`` at the
+rebalance that brings a second member.
 
 Exactly once across the fleet: the model topic is the record of what has been learned. Before a
 member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
@@ -282,7 +290,8 @@ class FleetLearner(KafkaLearner):
     def _tick(self) -> None:
         """After each poll: add the other members' deltas; the holder of partition 0 snapshots."""
         try:
-            self.feed.poll(0)
+            if not self.feed.poll(0) and (self.last_at is None or time.time() - self.last_at > 0.2):
+                self.tracker.settle()   # idle: the popular list as every settled replica has it
             self._settle_inflight()
         except Fenced as exc:
             self._fence(str(exc))
@@ -301,6 +310,7 @@ class FleetLearner(KafkaLearner):
         if not self.checkpoint("snapshot"):
             return None
         self.feed.catch_up()
+        self.tracker.settle()
         offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
                                 self.state, self.service.model_cls.__name__)
         log_event("snapshot", offset=offset, position=self.state.position,
@@ -317,6 +327,7 @@ class FleetLearner(KafkaLearner):
         try:
             if self.fenced is None:
                 self.feed.catch_up()
+                self.tracker.settle()
         except Fenced as exc:
             self.fenced = exc
         finally:
@@ -346,7 +357,8 @@ class FleetReplica:
         health.watch_broker()
         while not self.stop.is_set():
             try:
-                self.feed.poll(200)
+                if not self.feed.poll(200):
+                    self.service.tracker.settle()   # read to the end: the popular list too
                 health.polled(True)
             except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
                 health.broker_lost(f"{type(exc).__name__}: {exc}")
