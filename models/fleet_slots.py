@@ -197,7 +197,8 @@ def _refresh(rows, view, S, keys, families, slots, cells, salts, bias, bias_salt
     k, light = salts.shape[1], salts.shape[2]
     dim = rows.shape[1] - 1
     addr, sign = np.empty((k, light), np.int64), np.empty((k, light), np.float64)
-    baddr, bsign = np.empty((bias_salts.shape[1], 1), np.int64), np.empty((bias_salts.shape[1], 1), np.float64)
+    kb = bias_salts.shape[1]
+    baddr, bsign = np.empty((kb, 1), np.int64), np.empty((kb, 1), np.float64)
     est, best = np.empty(light, np.float64), np.empty(1, np.float64)
     for s in slots:
         f = families[s]
