@@ -117,8 +117,9 @@ def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetS
                                                     "ratings_learned": int(recommender.model.n_learned)})
 
 
-POLL_CHUNKS = 50   # sync-sized chunks per input poll, at most
+POLL_CHUNKS = 8    # sync-sized chunks per input poll, at most
 ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
+FEED_WAIT_MS = 1   # among others: after a publish, wait this long for their deltas in flight
 
 
 class FleetLearner(KafkaLearner):
@@ -141,6 +142,7 @@ class FleetLearner(KafkaLearner):
         self.seq, self.bytes_published, self.inflight = 0, 0, []
         self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
         self.sync_ratings = self.chunk_ratings = sync_ratings
+        self.alone = False   # holds every partition of the topic (see _pace)
         self.per_message: float | None = None   # ratings per input message, as measured
         self.max_poll = max_poll_records
         self.fenced: Exception | None = None
@@ -202,6 +204,8 @@ class FleetLearner(KafkaLearner):
                 self.progress.append((self.last_at, self.own))
             if self.book.expired():
                 self.checkpoint("interval")
+                if not self.alone:  # a slot for the model topic's fetches (big polls never wait)
+                    self.feed.poll(FEED_WAIT_MS)
             self._tick()
         # a poll of at most POLL_CHUNKS chunks: big enough that most polls find fetched data,
         # small enough to stay far within the group's max poll interval on a loaded machine
@@ -235,8 +239,8 @@ class FleetLearner(KafkaLearner):
         takes. Its next rebalance (a member joining) brings it back to ``sync_ratings``."""
         partitions = self.consumer.partitions_for_topic(self.topic) or set()
         held = {tp.partition for tp in self.consumer.assignment()}
-        alone = bool(partitions) and partitions <= held
-        self.chunk_ratings = self.sync_ratings * (ALONE if alone else 1)
+        self.alone = bool(partitions) and partitions <= held
+        self.chunk_ratings = self.sync_ratings * (ALONE if self.alone else 1)
         self.book.every = self.chunk_ratings
 
     def checkpoint(self, why: str, blocking_commit: bool = True) -> bool:
