@@ -52,8 +52,8 @@ recommender takes it as published. Making a tracker turns the model's heavy filt
 as no tracker is made). Costs: ``take`` compares only the cells addressed by the
 ids learned outside a heavy slot and the slots of the ids learned in one (seen through
 ``recommender.observers``), in one compiled pass; ``apply`` the delta's size; both refresh the
-held slots (``models.fleet_slots``: depth x light_dim reads each) and re-rank the popular list
-over the catalogue (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default
+held slots (``models.fleet_slots``: depth x light_dim reads each, one compiled pass) and, at most
+every ``RERANK_S``, re-rank the popular list over the catalogue (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default
 heavy fraction, sketch sized for its 2,625 ids): 274 bytes per rating (float32; 170 with
 ``precision="float16"``; 47 at 10,000-rating takes). With a model sized for 100,000 ids (27 MB)
 and 500-rating takes, a take costs ~9 ms and an apply ~6 ms against ~3.5 ms to learn the 500
