@@ -49,6 +49,8 @@ def fleet(stream):
                 if blobs[n][0] != k:
                     tracker.apply(blobs[n][1])
         blobs = [(k, t.take()) for k, t in enumerate(trackers)] if start is not None else []
+    for tracker in trackers + [reader]:
+        tracker.settle()   # the popular list, re-ranked at most every RERANK_S by take/apply
     single_predictions = single.learn_many(users, items, ratings)
     return members + [serving], trackers + [reader], predictions, single, single_predictions
 

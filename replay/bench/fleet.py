@@ -8,8 +8,10 @@ file (``--copies`` times, ids offset per copy) is published to a fresh 4-partiti
 measured in one run, so that the ratios hold on a busy machine:
 
 - a bare kafka-python consumer that only fetches (the ceiling),
+- a plain `consume --checkpoint` learner in-process (no fleet: what one member can approach),
 - one `consume --fleet` member alone, and two members of one group (separate processes): ratings/s
-  from each member's first to its last learned batch (for two: the first start to the last end),
+  from the member's first to its last learned batch; for two, while both were learning (they
+  start seconds apart),
 - the delta bytes each member published per rating it learned.
 
 Then the lag from a rating's produce to its effect on a serving replica's /predict: ``--probes``
@@ -31,7 +33,7 @@ import numpy as np
 
 from sketchrec.data import Ratings, read_ratings
 from sketchrec.replay.bench import data_file
-from sketchrec.replay.bench.kafka import _tansu, add_stream_args, bare_consume
+from sketchrec.replay.bench.kafka import _tansu, add_stream_args, bare_consume, learn_from
 from sketchrec.stream.kafka.producer import order_for_topic, produce
 
 PARTITIONS = 4
@@ -56,9 +58,18 @@ def members(bootstrap: str, topic: str, n: int, capacity: int, sync_ratings: int
 
 
 def fleet_rate(reports: list[dict]) -> float:
-    """Ratings/s of the fleet: all they learned over the first start to the last end."""
-    span = max(r["last_at"] for r in reports) - min(r["first_at"] for r in reports)
-    return sum(r["own_ratings"] for r in reports) / max(span, 1e-9)
+    """Ratings/s of the fleet while every member was learning (from the last member's first
+    learned batch to the first member's last: members start seconds apart, and one alone for
+    a while learns as a lone member does); one member: its first to its last batch."""
+    start = max(r["first_at"] for r in reports)
+    end = min(r["last_at"] for r in reports)
+    if end - start < 0.5:   # hardly any overlap: the whole span instead
+        start, end = min(r["first_at"] for r in reports), max(r["last_at"] for r in reports)
+    learned = 0.0
+    for r in reports:
+        times, own = np.array(r["progress"], dtype=float).T
+        learned += np.interp(end, times, own) - np.interp(start, times, own)
+    return learned / max(end - start, 1e-9)
 
 
 def _free_port() -> int:
@@ -165,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     add_stream_args(ap)
     ap.add_argument("--probes", type=int, default=50)
     ap.add_argument("--sync-ratings", type=int, default=500, help="the members' --sync-ratings")
+    ap.add_argument("--no-snapshot", action="store_true", help="skip the snapshot write/restore timing")
     args = ap.parse_args(argv)
     broker = None
     if args.bootstrap is None:
@@ -190,23 +202,27 @@ def measure(args: argparse.Namespace) -> dict:
         topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
         sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
         bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
+        plain = learn_from(args.bootstrap, topic, capacity, n)
         one = members(args.bootstrap, topic, 1, capacity, args.sync_ratings)
         two = members(args.bootstrap, topic, 2, capacity, args.sync_ratings)
-        r = {"bare_consume_ratings_per_s": bare, "one_member_ratings_per_s": fleet_rate(one),
+        r = {"bare_consume_ratings_per_s": bare, "plain_learner_ratings_per_s": plain,
+             "one_member_ratings_per_s": fleet_rate(one),
              "two_members_ratings_per_s": fleet_rate(two),
              "delta_bytes_per_rating": sum(m["published_bytes"] for m in two) / n}
         r["two_over_one"] = r["two_members_ratings_per_s"] / r["one_member_ratings_per_s"]
         r["one_member_over_bare"] = r["one_member_ratings_per_s"] / bare
+        r["one_member_over_plain"] = r["one_member_ratings_per_s"] / plain
         report[form] = r
-        print(f"{form:18s} bare {bare:>9,.0f}/s  one member {r['one_member_ratings_per_s']:>9,.0f}/s "
-              f"({r['one_member_over_bare']:.0%} of bare)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
+        print(f"{form:18s} bare {bare:>9,.0f}/s  plain {plain:>9,.0f}/s  one member "
+              f"{r['one_member_ratings_per_s']:>9,.0f}/s ({r['one_member_over_bare']:.0%} of bare, "
+              f"{r['one_member_over_plain']:.0%} of plain)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
               f"(x{r['two_over_one']:.2f})  {r['delta_bytes_per_rating']:.1f} delta bytes/rating",
               flush=True)
-    report["snapshot"] = snapshot_speed(args.bootstrap)
-    snap = report["snapshot"]
-    print(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "
-          f"compressed): written in {snap['write_s']:.1f} s, restored in {snap['restore_s']:.1f} s",
-          flush=True)
+    if not args.no_snapshot:
+        report["snapshot"] = snap = snapshot_speed(args.bootstrap)
+        print(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "
+              f"compressed): written in {snap['write_s']:.1f} s, restored in {snap['restore_s']:.1f} s",
+              flush=True)
     if args.probes:
         report["lag_s"] = probe_lag(args.bootstrap, capacity, args.probes)
         print(f"produce -> replica /predict lag: p50 {report['lag_s']['p50'] * 1000:.0f} ms, "

@@ -42,6 +42,7 @@ def run_member(config) -> int:
     print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "prequential_rmse")},
                       "member": member, "own_ratings": learner.own, "first_at": learner.first_at,
                       "last_at": learner.last_at, "published_bytes": learner.bytes_published,
+                      "progress": learner.progress + [(learner.last_at, learner.own)],
                       "model_position": service.fleet.position, "refused": service.fleet.refused},
                      default=float), flush=True)
     if server is not None:

@@ -1,9 +1,17 @@
 """A fleet: many `consume --fleet` processes of one consumer group share one model.
 
-Each member learns from the partitions the group gives it and, every ``sync_ms``, publishes what it
-learned since its last publish (``DeltaTracker.take()``) to the model topic with the input offsets
-that delta covers (``kafka.model_topic``); it adds every other member's accepted delta to its own
-replica. A read-only ``FleetReplica`` (`sketchrec serve --bootstrap … --topic T`) only adds.
+Each member learns from the partitions the group gives it and, every ``sync_ms`` or
+``sync_ratings`` (whichever first), publishes what it learned since its last publish
+(``DeltaTracker.take()``) to the model topic with the input offsets that delta covers
+(``kafka.model_topic``); it adds every other member's accepted delta to its own replica. A
+read-only ``FleetReplica`` (`sketchrec serve --bootstrap … --topic T`) only adds.
+
+Pace. A member polls large batches (a small poll waits on a fetch round trip) and learns each in
+chunks of about ``sync_ratings`` ratings, publishing and reading the model topic between chunks;
+each chunk's offsets are stored as it is learned, so what a delta covers stays exact. A member
+holding every partition is the group's only learner: nothing can drift, so it publishes every
+``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``), and returns to ``sync_ratings`` at the
+rebalance that brings a second member.
 
 Exactly once across the fleet: the model topic is the record of what has been learned. Before a
 member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
@@ -109,6 +117,11 @@ def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetS
                                                     "ratings_learned": int(recommender.model.n_learned)})
 
 
+POLL_CHUNKS = 8    # sync-sized chunks per input poll, at most
+ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
+FEED_WAIT_MS = 1   # among others: after a publish, wait this long for their deltas in flight
+
+
 class FleetLearner(KafkaLearner):
     """One member of a fleet (see the module docstring). ``service`` comes from ``open_replica``."""
 
@@ -116,7 +129,7 @@ class FleetLearner(KafkaLearner):
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
                  model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
-                 sync_ratings: int = 500, **kw):
+                 sync_ratings: int = 500, max_poll_records: int = 20_000, **kw):
         self.state: FleetState = service.fleet
         self.tracker: DeltaTracker = service.tracker
         self.model_topic = model_topic
@@ -128,12 +141,17 @@ class FleetLearner(KafkaLearner):
         self.errors, self.skipped_since = ErrorStats(), Counter()
         self.seq, self.bytes_published, self.inflight = 0, 0, []
         self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
-        self.sync_ratings = sync_ratings
+        self.sync_ratings = self.chunk_ratings = sync_ratings
+        self.alone = False   # holds every partition of the topic (see _pace)
+        self.per_message: float | None = None   # ratings per input message, as measured
+        self.max_poll = max_poll_records
         self.fenced: Exception | None = None
         self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
+        self.progress: list[tuple[float, int]] = []   # (time, own) every 50 ms or so (figures)
+        # large polls (a small one waits on a fetch round trip); _learn cuts them into sync-sized
+        # chunks and publishes between chunks
         super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
-                         checkpoint_seconds=sync_ms / 1000.0,
-                         max_poll_records=max(1, sync_ratings // 100), **kw)  # then adapted
+                         checkpoint_seconds=sync_ms / 1000.0, max_poll_records=max_poll_records, **kw)
         # local positions, not the fleet's (those are service.offsets)
         self.book = OffsetBook({}, sync_ratings, sync_ms / 1000.0)
 
@@ -164,17 +182,66 @@ class FleetLearner(KafkaLearner):
             self.book.offsets[p] = self.published[p] = at
 
     def _learn(self, records: dict) -> None:
-        if self.fenced is not None:
-            return  # nothing more: the loop is ending
-        before, self.first_at = self.book._pending, self.first_at or time.time()
-        super()._learn(records)
-        self.own += self.book._pending - before
-        self.last_at = time.time()
-        # replicas drift apart the more each learns alone between syncs: one poll brings about
-        # sync_ratings ratings, whatever the number of ratings per message
-        messages = sum(len(batch) for batch in records.values())
-        per_message = max(1.0, (self.book._pending - before) / max(messages, 1))
-        self.consumer.config["max_poll_records"] = max(1, int(self.sync_ratings / per_message))
+        """Learn a poll's messages in chunks of about ``sync_ratings`` ratings, publishing a delta
+        when one is due and adding the other members' deltas between chunks: replicas drift apart
+        the more each learns alone between syncs, whatever the poll size. Each chunk's offsets are
+        stored as it is learned, so a stop between chunks publishes exactly what was learned."""
+        if self.first_at is None:
+            self.first_at = time.time()
+            self.progress.append((self.first_at, 0))
+        self._pace()
+        for chunk in self._chunks(records):
+            if self.fenced is not None or self.stop.is_set():
+                return  # the rest is consumed again by whoever resumes from the published offsets
+            before = self.book._pending
+            super()._learn(chunk)
+            learned = self.book._pending - before
+            self.own += learned
+            messages = sum(len(batch) for batch in chunk.values())
+            self.per_message = max(1.0, learned / max(messages, 1))
+            self.last_at = time.time()
+            if self.last_at - self.progress[-1][0] >= 0.05:
+                self.progress.append((self.last_at, self.own))
+            if self.book.expired():
+                self.checkpoint("interval")
+                if not self.alone:  # a slot for the model topic's fetches (big polls never wait)
+                    self.feed.poll(FEED_WAIT_MS)
+            self._tick()
+        # a poll of at most POLL_CHUNKS chunks: big enough that most polls find fetched data,
+        # small enough to stay far within the group's max poll interval on a loaded machine
+        self.consumer.config["max_poll_records"] = min(self.max_poll, POLL_CHUNKS * self._chunk_messages())
+
+    def _chunks(self, records: dict):
+        """Sub-polls of ``records`` (partition -> messages, in order) of about ``sync_ratings``
+        ratings each, by the ratings per message measured so far (the first chunk is 1 message)."""
+        chunk, room = {}, self._chunk_messages()
+        for tp, messages in records.items():
+            at = 0
+            while at < len(messages):
+                part = messages[at:at + room]
+                chunk[tp], at, room = part, at + len(part), room - len(part)
+                if room == 0:
+                    yield chunk
+                    chunk, room = {}, self._chunk_messages()
+        if chunk:
+            yield chunk
+
+    def _chunk_messages(self) -> int:
+        if self.per_message is None:
+            return 1
+        return max(1, int(self.chunk_ratings / self.per_message))
+
+    def _pace(self) -> None:
+        """``sync_ratings`` bounds how far learners drift apart (each learns from a replica
+        lacking the others' latest deltas). A member holding every partition of the topic is
+        the group's only learner (a zombie's deltas are refused): nothing drifts, so it publishes
+        every ALONE x sync_ratings ratings or ``sync_ms``, whichever comes first, and saves most
+        takes. Its next rebalance (a member joining) brings it back to ``sync_ratings``."""
+        partitions = self.consumer.partitions_for_topic(self.topic) or set()
+        held = {tp.partition for tp in self.consumer.assignment()}
+        self.alone = bool(partitions) and partitions <= held
+        self.chunk_ratings = self.sync_ratings * (ALONE if self.alone else 1)
+        self.book.every = self.chunk_ratings
 
     def checkpoint(self, why: str, blocking_commit: bool = True) -> bool:
         """Publish what was learned since the last publish. Before giving partitions up (and
@@ -227,7 +294,8 @@ class FleetLearner(KafkaLearner):
     def _tick(self) -> None:
         """After each poll: add the other members' deltas; the holder of partition 0 snapshots."""
         try:
-            self.feed.poll(0)
+            if not self.feed.poll(0) and (self.last_at is None or time.time() - self.last_at > 0.2):
+                self.tracker.settle()   # idle: the popular list as every settled replica has it
             self._settle_inflight()
         except Fenced as exc:
             self._fence(str(exc))
@@ -246,6 +314,7 @@ class FleetLearner(KafkaLearner):
         if not self.checkpoint("snapshot"):
             return None
         self.feed.catch_up()
+        self.tracker.settle()
         offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
                                 self.state, self.service.model_cls.__name__)
         log_event("snapshot", offset=offset, position=self.state.position,
@@ -262,6 +331,7 @@ class FleetLearner(KafkaLearner):
         try:
             if self.fenced is None:
                 self.feed.catch_up()
+                self.tracker.settle()
         except Fenced as exc:
             self.fenced = exc
         finally:
@@ -291,7 +361,8 @@ class FleetReplica:
         health.watch_broker()
         while not self.stop.is_set():
             try:
-                self.feed.poll(200)
+                if not self.feed.poll(200):
+                    self.service.tracker.settle()   # read to the end: the popular list too
                 health.polled(True)
             except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
                 health.broker_lost(f"{type(exc).__name__}: {exc}")

@@ -27,7 +27,10 @@ another member's):
   as a sum of the sketches, which are not conservative);
 - the item catalogue: ids first seen since the last take (merged by union); the popular-items
   list is then re-ranked from the catalogue by the merged count-min (deterministic: count, then
-  key), so replicas with equal sketches and catalogues list the same items.
+  key), so replicas with equal sketches and catalogues list the same items. The re-rank costs
+  O(catalogue): ``take`` and ``apply`` do it at most every ``RERANK_S`` seconds, and ``settle``
+  does what is left (a fleet member when idle, a serving replica when it has read the model
+  topic to its end, and ``state_digest``).
 
 Guarantees. Replicas that applied the same deltas, in any order, hold the same counters and
 serving structures exactly (integer sums, OR, union), the same ids in heavy slots, and the same
@@ -49,8 +52,8 @@ recommender takes it as published. Making a tracker turns the model's heavy filt
 as no tracker is made). Costs: ``take`` compares only the cells addressed by the
 ids learned outside a heavy slot and the slots of the ids learned in one (seen through
 ``recommender.observers``), in one compiled pass; ``apply`` the delta's size; both refresh the
-held slots (``models.fleet_slots``: depth x light_dim reads each) and re-rank the popular list
-over the catalogue (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default
+held slots (``models.fleet_slots``: depth x light_dim reads each, one compiled pass) and, at most
+every ``RERANK_S``, re-rank the popular list over the catalogue (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default
 heavy fraction, sketch sized for its 2,625 ids): 274 bytes per rating (float32; 170 with
 ``precision="float16"``; 47 at 10,000-rating takes). With a model sized for 100,000 ids (27 MB)
 and 500-rating takes, a take costs ~9 ms and an apply ~6 ms against ~3.5 ms to learn the 500
@@ -67,6 +70,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import time
 import uuid
 import zlib
 
@@ -77,6 +81,7 @@ from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import as_keys, pair_keys
 
 MAGIC, VERSION = b"SKRD", 1
+RERANK_S = 0.5   # the popular list is re-ranked at most this often by take/apply (see settle)
 RAW, ZSTD, ZLIB = 0, 1, 2
 _KIND = "ModelDelta"
 
@@ -111,6 +116,7 @@ class DeltaTracker:
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
         self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
         self._received: set = set()                    # items after that which came by apply
+        self._rerank, self._reranked_at = False, 0.0    # popular list: counts moved since / when
         recommender.observers.append(self._observe)
 
     def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
@@ -143,7 +149,7 @@ class DeltaTracker:
         self.seq += 1
         self._n_items = len(ids)
         if "seen_items" in arrays:
-            rerank_popular(rec)
+            self._popular_moved()
         return _encode(serial.pack(_KIND, header, arrays), self.compress)
 
     # --- receive ------------------------------------------------------------------------------------
@@ -171,13 +177,28 @@ class DeltaTracker:
             self._received.update(rec.catalogue.snapshot()[0][before:])  # not ours to publish
         self.applied[member] = seq
         if "seen_items" in arrays:
-            rerank_popular(rec)
+            self._popular_moved()
         return {"member": member, "seq": seq, "meta": header.get("meta")}
+
+    def _popular_moved(self) -> None:
+        self._rerank = True
+        if time.monotonic() - self._reranked_at >= RERANK_S:
+            self.settle()
+
+    def settle(self) -> None:
+        """Re-rank the popular list if counts moved since the last re-rank (``take`` and
+        ``apply`` do it at most every ``RERANK_S``): replicas that applied the same deltas and
+        settled list the same popular items."""
+        if self._rerank:
+            rerank_popular(self.rec)
+            self._rerank, self._reranked_at = False, time.monotonic()
 
     # --- checks -------------------------------------------------------------------------------------
     def state_digest(self) -> str:
         """A short hash of the replica's whole state (model bytes, Bloom filters, count-min,
-        catalogue as a set, popular list): equal digests mean bit-identical replicas."""
+        catalogue as a set, popular list), settled first: equal digests mean bit-identical
+        replicas."""
+        self.settle()
         rec = self.rec
         h = hashlib.sha256(rec.model.to_bytes())
         for arr in (rec.pairs_seen.cells, rec.users_seen.cells, rec.popularity.sketch.cells,
