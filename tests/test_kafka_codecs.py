@@ -19,7 +19,7 @@ import pytest
 from sketchrec.data import read_ratings
 from sketchrec.stream.kafka import codec_errors
 from sketchrec.stream.kafka.producer import COMPRESSIONS, ensure_topic, order_for_topic, produce
-from test_kafka import consume_cmd, run_to_end
+from test_kafka import consume_cmd, read_whole_topic, run_to_end
 
 confluent_kafka = pytest.importorskip("confluent_kafka", reason="confluent-kafka is a test extra")
 
@@ -127,7 +127,6 @@ def test_a_batch_of_a_missing_codec_is_set_aside_and_learning_goes_on(kafka_boot
     """Partition 0 gets lz4 batches between uncompressed ones, partition 1 only uncompressed ones;
     the consumer cannot read lz4: it stays up, counts and dead-letters the lz4 batches, and learns
     everything else, on both partitions, before and after them."""
-    from kafka import KafkaConsumer, TopicPartition
     topic = f"nolz4-{uuid.uuid4().hex[:8]}"
     ensure_topic(kafka_bootstrap, topic, partitions=2)
     base = {"bootstrap.servers": kafka_bootstrap, "linger.ms": 5}
@@ -147,13 +146,7 @@ def test_a_batch_of_a_missing_codec_is_set_aside_and_learning_goes_on(kafka_boot
     assert result["skipped"] == {"unreadable lz4 batch": n["lz4"]}
     assert sum(result["offsets"].values()) == n["plain"] + n["lz4"]  # stepped past every batch
 
-    dead = KafkaConsumer(bootstrap_servers=kafka_bootstrap, consumer_timeout_ms=5000,
-                         auto_offset_reset="earliest")
-    tps = [TopicPartition(f"{topic}.dead", p) for p in dead.partitions_for_topic(f"{topic}.dead")]
-    dead.assign(tps)
-    dead.seek_to_beginning(*tps)
-    letters = [json.loads(m.value) for m in dead]
-    dead.close()
+    letters = [json.loads(value) for value in read_whole_topic(kafka_bootstrap, f"{topic}.dead")]
     assert {x["reason"] for x in letters} == {"unreadable lz4 batch"}
     assert all(x["partition"] == 0 and x["codec"] == "lz4" for x in letters)
     assert sum(x["messages"] for x in letters) == n["lz4"]
