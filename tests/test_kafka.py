@@ -254,15 +254,9 @@ def test_ldp_producer_the_server_never_sees_a_raw_rating(kafka_bootstrap, tmp_pa
     assert out.returncode == 0, out.stderr[-2000:]
     assert "BoundedLaplace" in json.loads(out.stdout.strip().splitlines()[-1])["ldp"]
     # what arrived on the topic is not the file: continuous values inside the range
-    from kafka import KafkaConsumer
-    from sketchrec.stream.kafka.consumer import kafka_config
-    consumer = KafkaConsumer(topic, **kafka_config(kafka_bootstrap), auto_offset_reset="earliest",
-                             consumer_timeout_ms=3000)
-    values = [r for msg in consumer for _, _, r, _ in parse_message(msg.value).ratings]
-    consumer.close()
+    values = [r for value in read_whole_topic(kafka_bootstrap, topic) for _, _, r, _ in parse_message(value).ratings]
     assert len(values) == 3000 and min(values) >= 1 and max(values) <= 5
     assert np.mean(np.isclose(values, np.round(values))) < 0.01
-    port = free_port()
     result = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path / "ckpt", "--ldp-debias"))
     local = result["privacy"]["local_dp"]
     assert local["perturbed_on_device"] == 3000 and local["raw"] == 0
