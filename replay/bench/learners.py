@@ -72,20 +72,22 @@ def vw_available() -> bool:
         return False
 
 
-def _timed_rounds(makes: list, parts: list[Ratings], runs: int) -> list[list[dict]]:
+def _timed_rounds(makes: list, parts: list[Ratings], runs: int, max_rounds: int = 25) -> list[list[dict]]:
     """Prequential runs of each learner (on its part) in turn, round after round: at least `runs`
-    rounds, and up to 25 while a round of the first learner lasts under a second in all (a run on
-    ML-100k lasts ~0.1 s). Alternating within a round lets two learners be compared pair by pair."""
+    rounds, and up to `max_rounds` while a round of the first learner lasts under a second in all (a
+    run on ML-100k lasts ~0.1 s). Alternating within a round lets two learners be compared pair by pair."""
     rounds: list[list[dict]] = []
     while True:
         rounds.append([prequential(make(), part.batches(10_000)) for make, part in zip(makes, parts)])
         spent = sum(r[0]["seconds"] for r in rounds)
-        if len(rounds) >= runs and (spent >= 1.0 or len(rounds) >= 25):
+        if len(rounds) >= runs and (spent >= 1.0 or len(rounds) >= max_rounds):
             return rounds
 
 
-def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: int = 64) -> dict:
-    """Median throughput and RMSE of every learner on the same prequential stream."""
+def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: int = 64,
+                  max_rounds: int = 25) -> dict:
+    """Median throughput and RMSE of every learner on the same prequential stream (from `runs` to
+    `max_rounds` rounds each: see ``_timed_rounds``)."""
     capacity = data.n_ids()
     slow = min(len(data), slow_limit)
     learners = {
@@ -113,7 +115,7 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
     ratios = {}
     for group in groups:
         rounds = _timed_rounds([learners[name][0] for name in group],
-                               [data.take(slice(0, learners[name][1])) for name in group], runs)
+                               [data.take(slice(0, learners[name][1])) for name in group], runs, max_rounds)
         for column, name in enumerate(group):
             timed = [r[column] for r in rounds]
             results[name] = {"ratings": learners[name][1], "rmse": timed[0]["rmse"], "runs": len(timed),

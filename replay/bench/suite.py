@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -62,8 +63,9 @@ print(json.dumps({"rss_total_bytes": after, "rss_growth_bytes": after - before,
 """
 
 
-def memory_scaling(sizes: list[int]) -> dict:
-    """Resident-memory growth while learning streams with more and more distinct users."""
+def memory_scaling(sizes: list[int], quick: bool = False) -> dict:
+    """Resident-memory growth while learning streams with more and more distinct users. ``quick``:
+    no warm-up probe, and two probes at a time (each process measures only its own memory)."""
     def probe(model: str, n: int) -> dict:
         res = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, model, str(n)], capture_output=True,
                              text=True, check=True, timeout=1800)
@@ -71,8 +73,12 @@ def memory_scaling(sizes: list[int]) -> dict:
 
     # a throwaway first probe fills numba's on-disk cache: otherwise the first measured process alone
     # holds the compiler (~60 MB resident) and the sizes are not compared like for like
-    probe("sketch", min(sizes))
-    out: dict = {model: [probe(model, n) for n in sizes] for model in ("sketch", "dense", "river")}
+    models = ("sketch", "dense", "river")
+    if not quick:
+        probe("sketch", min(sizes))
+    with ThreadPoolExecutor(2 if quick else 1) as pool:
+        rows = list(pool.map(lambda job: probe(*job), [(m, n) for m in models for n in sizes]))
+    out: dict = {m: rows[k * len(sizes):(k + 1) * len(sizes)] for k, m in enumerate(models)}
     totals = [r["rss_total_bytes"] for r in out["sketch"]]
     out["sketch_rss_spread"] = (max(totals) - min(totals)) / min(totals)  # flat = small
     return out
@@ -224,16 +230,18 @@ def main(argv: list[str] | None = None) -> int:
     data = order_ratings(data, "time")
     if q:
         data = data.take(slice(0, 20_000))
-    report["learners"]["ml100k"] = learner_table(data, runs=3, slow_limit=3_000 if q else 100_000, dim=DIM)
+    # quick: 3 rounds of every learner (the figures' medians), not up to 25 while under a second
+    rounds = {"runs": 3, "max_rounds": 3 if q else 25, "slow_limit": 3_000 if q else 100_000, "dim": DIM}
+    report["learners"]["ml100k"] = learner_table(data, **rounds)
     synth = SyntheticStream(n_ratings=50_000 if q else 5_000_000, n_users=5_000 if q else 1_000_000,
                             n_items=2_000 if q else 20_000, seed=0).all()
-    report["learners"]["synthetic"] = learner_table(synth, runs=3, slow_limit=3_000 if q else 100_000, dim=DIM)
+    report["learners"]["synthetic"] = learner_table(synth, **rounds)
     del synth
     for name, table in report["learners"].items():
         print(f"learners on {name}:")
         print_table(table)
 
-    report["memory"] = memory_scaling([1_000, 10_000] if q else [10_000, 100_000, 1_000_000])
+    report["memory"] = memory_scaling([1_000, 10_000] if q else [10_000, 100_000, 1_000_000], q)
     _plot(report["memory"], args.out)
 
     sketch_cells = 4 * 2 * int(np.ceil(2625 * DIM / 4))  # the ML-100k sketch at gamma = 1, both sketches
@@ -241,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     report["sketch_fraction_of_bound"] = (report["learners"]["ml100k"]["sketch_batch"]["throughput_per_s"]
                                           / report["physical_limit"]["bound_ratings_per_s"])
 
-    report["serving"] = None if args.no_serving else serving(path, 2.0 if q else 10.0, "httpx" if q else "auto", q)
+    report["serving"] = None if args.no_serving else serving(path, 1.0 if q else 10.0, "httpx" if q else "auto", q)
     report["kafka"] = None
     if not args.no_kafka:
         try:

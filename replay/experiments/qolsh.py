@@ -31,6 +31,9 @@ THESIS = {"lsh": {"mse": 0.434, "entropy_bits": 11.39, "us_per_vector": 0.12},
 METHODS = {"lsh": "lsh", "lsh_frame": "frame", "qolsh": "qolsh", "optimal": "frame"}
 RS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 DIM, BITS = 8, 16
+CODES = np.arange(1 << BITS, dtype=np.int64)  # code c's bits are c's, MSB first (as _all_codes)
+PLACE = 1 << np.arange(BITS - 1, -1, -1, dtype=np.int64)
+POPCOUNT = np.array([bin(c).count("1") for c in range(1 << BITS)], dtype=np.int64)
 
 
 def _unit(rng, n):
@@ -103,11 +106,9 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
             per_seed[name].append({"mse": mse, "entropy_bits": float(-(p * np.log2(p)).sum()),
                                    "us_per_vector": us})
             if name in ("lsh", "lsh_frame"):
-                proj_codes = np.where(all_codes > 0, 1, 0)
-
-                def similarity(y, sketch=sketch, proj_codes=proj_codes):
-                    bits = (y @ sketch.W >= 0).astype(np.int64)
-                    return -np.abs(proj_codes - bits).sum(axis=1)  # minus Hamming distance
+                def similarity(y, sketch=sketch):
+                    query = int((y @ sketch.W >= 0) @ PLACE)  # y's code as an integer
+                    return -POPCOUNT[CODES ^ query]  # minus Hamming distance to every code
             else:
                 def similarity(y, recon=recon):
                     return recon @ y  # asymmetric estimator (5.14) for every code
