@@ -95,7 +95,8 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
         pairs = [(str(u), str(i)) for u, i in zip(rest.users[:30].tolist(), rest.items[-30:].tolist())]
         expected = rec.predict_many(*(np.array(c, dtype=object) for c in zip(*pairs)))
         with httpx.Client(base_url=pool.url) as client:
-            served = [client.get("/predict", params={"user": u, "item": i}).json()["rating"] for u, i in pairs]
+            served = [client.get("/predict", params={"user": u, "item": i}).json()["rating"]
+                      for u, i in pairs]
         assert served == pytest.approx(expected.tolist(), abs=1e-6)
         rec.learn_many(np.array(["1"], dtype=object), np.array(["brand-new"], dtype=object), np.array([5.0]))
         t0 = time.monotonic()

@@ -252,7 +252,8 @@ def describe(report: dict) -> list[str]:
     for target, name in (("replica", "read replica"), ("learning", "while learning")):
         if (r := report.get(target)) is not None:
             lines.append(f"{name}: {r['requests_per_s']:,.0f} req/s ({r['client']}, {report['concurrency']} "
-                         f"connections, workers {report['workers'] or 'default'}{nice}), p50 {r['p50_ms']:.2f} ms, "
+                         f"connections, workers {report['workers'] or 'default'}{nice}), "
+                         f"p50 {r['p50_ms']:.2f} ms, "
                          f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms, errors {r['errors']}, server CPU "
                          f"{r['server_cpu_us_per_request'] or float('nan'):.0f} us/request")
     if (r := report.get("learning")) is not None:
