@@ -151,8 +151,13 @@ class HeavyHitters:
         keys = as_keys(ids) if keys is None else np.ascontiguousarray(keys, dtype=np.uint64)
         self.sketch.add_many(keys, counts)
         _, first = np.unique(keys, return_index=True)
-        for n in first:
-            self._tracked.setdefault(ids[n].item() if hasattr(ids[n], "item") else ids[n], keys[n])
+        # new ids in key order, as a loop of setdefault would add them (tie order), converted
+        # in one call: the per-id numpy scalar reads were most of a batch's cost here
+        fresh = ids[first].tolist()
+        if ids.dtype == object:   # numpy scalars held in an object array become Python's
+            fresh = [i.item() if hasattr(i, "item") else i for i in fresh]
+        tracked = self._tracked
+        tracked.update({i: k for i, k in zip(fresh, keys[first].tolist()) if i not in tracked})
         if len(self._tracked) > self.capacity:
             self._trim()
 

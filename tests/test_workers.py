@@ -14,6 +14,7 @@ import pytest
 
 from sketchrec.data import SyntheticStream, read_ratings
 from sketchrec.models import SketchMF
+from sketchrec.models.experts import Experts
 from sketchrec.privacy.access import KEY_ENV, UserTokens
 from sketchrec.stream.checkpoint import CheckpointStore
 from sketchrec.stream.serving.recommender import Recommender
@@ -48,7 +49,8 @@ def data(ml100k):
 
 def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
     first, rest = data.take(slice(0, 50_000)), data.take(slice(50_000, None))
-    rec = Recommender(SketchMF(capacity=3000, dim=16), pair_capacity=200_000, user_capacity=10_000)
+    # the default model (mix: Hedge over a bias baseline and two sketch learners) is shared too
+    rec = Recommender(Experts(capacity=3000), pair_capacity=200_000, user_capacity=10_000)
     rec.learn_many(first.users, first.items, first.ratings)
     service = LearningService(rec, CheckpointStore(tmp_path))
     before = _segments()
@@ -89,6 +91,13 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
         # a new item reaches every reader's catalogue within the publication interval (+ slack)
         stop.set()
         learner.join()
+        # learning stopped: every reader answers the learner's own predictions (same cells, same weights)
+        pairs = [(str(u), str(i)) for u, i in zip(rest.users[:30].tolist(), rest.items[-30:].tolist())]
+        expected = rec.predict_many(*(np.array(c, dtype=object) for c in zip(*pairs)))
+        with httpx.Client(base_url=pool.url) as client:
+            served = [client.get("/predict", params={"user": u, "item": i}).json()["rating"]
+                      for u, i in pairs]
+        assert served == pytest.approx(expected.tolist(), abs=1e-6)
         rec.learn_many(np.array(["1"], dtype=object), np.array(["brand-new"], dtype=object), np.array([5.0]))
         t0 = time.monotonic()
         while httpx.get(f"{pool.url}/stats").json()["catalogue_items"] != len(rec.catalogue):
@@ -135,3 +144,4 @@ def test_a_read_replica_moves_to_a_newer_checkpoint(tmp_path):
     finally:
         pool.stop()
     assert not (_segments() - before)
+

@@ -3,11 +3,12 @@
 
     python -m sketchrec.replay.bench.loadtest [PATH] [--seconds 10] [--concurrency 16] [--workers N]
                                               [--only replica|learning] [--client auto|wrk|httpx]
+                                              [--worker-nice N]
 
 Read replica: a checkpoint of PATH (written by `replay PATH --checkpoint DIR`) served by
 `sketchrec serve --checkpoint DIR`. Learning: `replay PATH --holdout 0.2 --epochs 1000 --serve`
-(learning at full speed) run twice in a child process, once alone and once under the load, its
-learning rate read from /stats over the same window both times. The load is a 50/50 mix of
+(learning at full speed) in a child process, its learning rate read from /stats alone, under the
+load and alone again (windows of the same length, in the same process). The load is a 50/50 mix of
 /predict and /recommend?k=10 over random ids of PATH from ``concurrency`` connections: `wrk`
 (Debian package `wrk`; a C client, so the client is not the bottleneck) when installed, else an
 httpx asyncio client. Reports requests/s, p50, p99, p99.9 and max latency, the error count, and
@@ -55,15 +56,17 @@ end
 """
 
 
-def _child(argv: list[str], workers: int | None) -> subprocess.Popen:
+def _child(argv: list[str], workers: int | None, nice: int | None = None) -> subprocess.Popen:
     argv = [sys.executable, "-m", "sketchrec", *argv] + (["--workers", str(workers)] if workers else [])
+    argv += ["--worker-nice", str(nice)] if nice is not None else []
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def start_learning(path: Path, port: int, workers: int | None = None) -> subprocess.Popen:
+def start_learning(path: Path, port: int, workers: int | None = None,
+                   nice: int | None = None) -> subprocess.Popen:
     """`replay PATH --serve`, learning at full speed for as long as it runs."""
     return _child(["replay", str(path), "--holdout", "0.2", "--epochs", "1000", "--quiet",
-                   "--serve", f"127.0.0.1:{port}"], workers)
+                   "--serve", f"127.0.0.1:{port}"], workers, nice)
 
 
 def start_replica(checkpoints: Path, port: int, workers: int | None = None) -> subprocess.Popen:
@@ -181,13 +184,23 @@ def _served(proc: subprocess.Popen, port: int, measure):
             proc.wait()
 
 
-def _learning_rate(load=None, seconds: float = 0.0):
-    """``measure`` for ``_served``: the learning rate over the load's window (or ``seconds``)."""
+def _rate(base: str, work) -> tuple[float, object]:
+    """(ratings learned per second while ``work()`` ran, its result)."""
+    t0, n0 = _learned(base)
+    result = work()
+    t1, n1 = _learned(base)
+    return (n1 - n0) / (t1 - t0), result
+
+
+def _learning_rates(load, seconds: float):
+    """``measure`` for ``_served``: the learning rate alone over ``seconds``, under ``load``, and
+    alone again, in the same process (the alone rate is the mean of both windows: a shared
+    machine's drift between them cancels to first order)."""
     def measure(base, pid):
-        t0, n0 = _learned(base)
-        result = load(base, pid) if load else time.sleep(seconds)
-        t1, n1 = _learned(base)
-        return (n1 - n0) / (t1 - t0), result
+        before, _ = _rate(base, lambda: time.sleep(seconds))
+        loaded, result = _rate(base, lambda: load(base, pid))
+        after, _ = _rate(base, lambda: time.sleep(seconds))
+        return (before + after) / 2, loaded, result
     return measure
 
 
@@ -199,10 +212,11 @@ def _summary(result: dict) -> dict:
 
 def run_load_test(path: Path, seconds: float = 10, concurrency: int = 16, port: int = 8765,
                   client: str = "auto", workers: int | None = None, only: str | None = None,
-                  checkpoint_limit: int | None = None) -> dict:
+                  checkpoint_limit: int | None = None, worker_nice: int | None = None) -> dict:
     """{"replica": figures, "learning": figures and learning rate alone / under load}: the targets
     ``only`` names ("replica" or "learning"), both by default. The replica serves a checkpoint of
-    PATH's first ``checkpoint_limit`` ratings (all by default)."""
+    PATH's first ``checkpoint_limit`` ratings (all by default); ``worker_nice`` is the learning
+    service's `--worker-nice`."""
     from sketchrec.data import read_ratings
     data, _ = read_ratings(path)
     n_users, n_items = int(data.users.max()), int(data.items.max())  # MovieLens ids are 1..n
@@ -217,14 +231,14 @@ def run_load_test(path: Path, seconds: float = 10, concurrency: int = 16, port: 
         cpu1 = cpu_seconds(pid)
         return {**result, "server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
 
-    report: dict = {"concurrency": concurrency, "workers": workers}
+    report: dict = {"concurrency": concurrency, "workers": workers, "worker_nice": worker_nice}
     if only in (None, "replica"):
         with tempfile.TemporaryDirectory(prefix="sketchrec-loadtest-") as tmp:
             ckpt = write_checkpoint(path, Path(tmp), checkpoint_limit)
             report["replica"] = _summary(_served(start_replica(ckpt, port, workers), port, load))
     if only in (None, "learning"):
-        alone, _ = _served(start_learning(path, port, workers), port, _learning_rate(seconds=seconds))
-        loaded, result = _served(start_learning(path, port, workers), port, _learning_rate(load))
+        alone, loaded, result = _served(start_learning(path, port, workers, worker_nice), port,
+                                        _learning_rates(load, seconds))
         report["learning"] = {**_summary(result), "learning_per_s_alone": alone,
                               "learning_per_s_under_load": loaded,
                               "learning_kept": loaded / alone if alone else None}
@@ -234,10 +248,12 @@ def run_load_test(path: Path, seconds: float = 10, concurrency: int = 16, port: 
 def describe(report: dict) -> list[str]:
     """The report in a few lines of text."""
     lines = []
+    nice = "" if report.get("worker_nice") is None else f" at nice {report['worker_nice']}"
     for target, name in (("replica", "read replica"), ("learning", "while learning")):
         if (r := report.get(target)) is not None:
             lines.append(f"{name}: {r['requests_per_s']:,.0f} req/s ({r['client']}, {report['concurrency']} "
-                         f"connections, workers {report['workers'] or 'default'}), p50 {r['p50_ms']:.2f} ms, "
+                         f"connections, workers {report['workers'] or 'default'}{nice}), "
+                         f"p50 {r['p50_ms']:.2f} ms, "
                          f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms, errors {r['errors']}, server CPU "
                          f"{r['server_cpu_us_per_request'] or float('nan'):.0f} us/request")
     if (r := report.get("learning")) is not None:
@@ -254,10 +270,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--client", choices=("auto", "wrk", "httpx"), default="auto")
     ap.add_argument("--workers", type=int, help="serving processes (default: the commands' own)")
+    ap.add_argument("--worker-nice", type=int, metavar="N",
+                    help="the learning service's --worker-nice (default: the command's own)")
     ap.add_argument("--only", choices=("replica", "learning"))
     args = ap.parse_args(argv)
     report = run_load_test(data_file(args.path), args.seconds, args.concurrency, args.port, args.client,
-                           args.workers, args.only)
+                           args.workers, args.only, worker_nice=args.worker_nice)
     print("\n".join(describe(report)))
     print(json.dumps(report))
     return report

@@ -1,9 +1,10 @@
 """The live model in shared memory: the learner writes it in place, reader processes map the pages.
 
-A ``SketchMF`` and the serving filters are fixed-size arrays, so they can live in ONE
-``multiprocessing.shared_memory`` segment (``SharedBlock``): the learner's arrays are rebound to
-views of it (its numba kernels then write there), and every reader process builds a model and
-two Bloom filters over views of the same pages: no copy, no reload, no GIL shared with learning.
+A ``SketchMF`` (or the default ``mix`` of such learners: ``shared_models``) and the serving
+filters are fixed-size arrays, so they can live in ONE ``multiprocessing.shared_memory`` segment
+(``SharedBlock``): the learner's arrays are rebound to views of it (its numba kernels then write
+there), and every reader process builds a model and two Bloom filters over views of the same
+pages: no copy, no reload, no GIL shared with learning.
 
 What is not a fixed-size array is published by the learner every ``PUBLISH_S`` seconds:
 the catalogue's new ids (appended to a key buffer and an id buffer in the segment, with their
@@ -49,8 +50,8 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 from sketchrec.models.registry import MODELS
-from sketchrec.models.sketch_mf import SketchMF
 from sketchrec.sketches import BloomFilter
+from sketchrec.stream.serving.shared_models import bind_model, model_arrays, shareable_model
 
 PREFIX = "sketchrec-"   # segment names: /dev/shm/sketchrec-<pid>-<n> on Linux
 PUBLISH_S = 0.05        # the learner publishes catalogue, popular list and figures this often
@@ -67,22 +68,8 @@ def shareable(recommender) -> bool:
     from sketchrec.stream.serving.recommender import Recommender
     # a fleet replica (a DeltaTracker observing it) keeps state beside the arrays (slot residuals,
     # announcements) that readers would not see: it serves from its own process
-    return (type(recommender) is Recommender and type(recommender.model) is SketchMF
+    return (type(recommender) is Recommender and shareable_model(recommender.model)
             and not recommender.observers)
-
-
-def _model_arrays(model) -> dict[str, np.ndarray]:
-    return {"stats": model.stats, "counters": model.counters, **model._state_arrays()}
-
-
-def _bind_model(model, views: dict[str, np.ndarray], block: "SharedBlock") -> None:
-    """Make ``model`` use these arrays (the shared views) as its state, in place of its own; the
-    model keeps the block, so the mapping lives as long as the model (closing it under live views
-    would crash the process)."""
-    model._shared_block = block
-    views = dict(views)
-    model.stats, model.counters = views.pop("stats"), views.pop("counters")
-    model._load_state_arrays(views)
 
 
 class SharedBlock:
@@ -103,7 +90,7 @@ class SharedBlock:
         it (learning writes there from now on). The buffers are sized generously: pages are only
         allocated when touched. ``extra`` goes into the header for the readers."""
         model = recommender.model
-        arrays = {f"model.{n}": a for n, a in _model_arrays(model).items()}
+        arrays = {f"model.{n}": a for n, a in model_arrays(model).items()}
         arrays |= {"pairs_seen": recommender.pairs_seen.cells, "users_seen": recommender.users_seen.cells}
         specs, offset = {}, HEADER_BYTES + 8 * _CTL_WORDS
         for name, a in [*arrays.items(), ("catalogue_keys", np.empty(catalogue_capacity, np.uint64)),
@@ -126,7 +113,7 @@ class SharedBlock:
         views = {name: block.view(name) for name in arrays}
         for name, a in arrays.items():
             views[name][...] = a
-        _bind_model(model, {n[6:]: v for n, v in views.items() if n.startswith("model.")}, block)
+        bind_model(model, {n[6:]: v for n, v in views.items() if n.startswith("model.")}, block)
         for name in ("pairs_seen", "users_seen"):
             bloom = getattr(recommender, name)
             bloom.cells, bloom._shared_block = views[name], block
@@ -151,7 +138,7 @@ class SharedBlock:
         """A model over the shared arrays (reader side)."""
         cls = MODELS[self.header["model_class"]]
         model = cls(**cls._upgrade_params(self.header["params"]))
-        _bind_model(model, {name[6:]: self.view(name) for name in self.header["arrays"]
+        bind_model(model, {name[6:]: self.view(name) for name in self.header["arrays"]
                             if name.startswith("model.")}, self)
         return model
 

@@ -73,7 +73,8 @@ class WorkerPool:
                  access="auto", learner_serves: bool = False, reload_every: float | None = None,
                  nice: int = 0):
         if not shareable(service.recommender):
-            raise ValueError("only a SketchMF recommender can be served from several processes")
+            raise ValueError("only a model of fixed arrays (sketch, bias, mix) can be served "
+                             "from several processes")
         self.service, self.workers, self.learner_serves = service, int(workers), learner_serves
         self.admin_token, self.access, self.reload_every = admin_token, access, reload_every
         self.host, self.nice = listen[0], int(nice)
