@@ -102,6 +102,21 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
             served = [client.get("/predict", params={"user": u, "item": i}).json()["rating"]
                       for u, i in pairs]
         assert served == pytest.approx(expected.tolist(), abs=1e-6)
+        # ... and ranks /recommend by the learner's served ranking (its popularity term, published
+        # every POPULAR_S), not by the model alone: the same items, the same blended scores
+        assert rec.item_snapshot().popular is not None, "the learner has no served ranking to share"
+        deadline = time.monotonic() + 5
+        while True:   # the learner's snapshot settles (rebuilt at most every refresh_s), then the readers'
+            wanted = {u: rec.recommend(u, K)[0] for u in users[:10]}
+            got = {u: [(x["item"], x["score"]) for x in httpx.get(
+                f"{pool.url}/recommend", params={"user": u, "k": K}).json()["items"]] for u in wanted}
+            same = all([str(i) for i, _ in got[u]] == [str(i) for i, _ in wanted[u]]
+                       and [s for _, s in got[u]] == pytest.approx([s for _, s in wanted[u]], abs=1e-6)
+                       for u in wanted)
+            if same:
+                break
+            assert time.monotonic() < deadline, f"readers do not serve the learner's ranking: {got['1'][:3]} {wanted['1'][:3]}"
+            time.sleep(0.1)
         rec.learn_many(np.array(["1"], dtype=object), np.array(["brand-new"], dtype=object), np.array([5.0]))
         t0 = time.monotonic()
         while httpx.get(f"{pool.url}/stats").json()["catalogue_items"] != len(rec.catalogue):

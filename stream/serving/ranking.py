@@ -68,7 +68,8 @@ class ServedRanking:
         """Whether the next relevant event is fed back (see module docstring)."""
         return time.monotonic() >= self._next_feedback
 
-    def served(self, scores: np.ndarray, popular_term: np.ndarray, share: float) -> np.ndarray:
+    @staticmethod
+    def served(scores: np.ndarray, popular_term: np.ndarray, share: float) -> np.ndarray:
         """The served ranking's scores of the snapshot's items for one user: ``share`` times the
         standardised scores plus the popularity term, less the constant ``share * mean / std``
         (the same order, two passes fewer on the request's path)."""

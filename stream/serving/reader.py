@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 
 import numpy as np
 
@@ -76,8 +77,9 @@ class ReplicaRecommender(Recommender):
     @classmethod
     def over(cls, block: SharedBlock) -> "ReplicaRecommender":
         # the served ranking's state (its weights, the count-min's counts) stays in the learner's
-        # process: readers rank a known user's items by the model alone
+        # process, which publishes its popularity term: readers add it (``item_snapshot``)
         rec = cls(block.model(), pair_capacity=1, user_capacity=1, served_ranking=False)
+        rec._served, rec._ranked = None, None
         rec.pairs_seen, rec.users_seen = block.bloom("pairs_seen"), block.bloom("users_seen")
         rec.catalogue, rec.popularity, rec.block = SharedCatalogue(block), PublishedPopular(), block
         return rec
@@ -93,10 +95,29 @@ class ReplicaRecommender(Recommender):
         items, source = super().recommend(user, k)
         return [(i, s) for i, s in items if np.isfinite(s)], source
 
+    def item_snapshot(self, wait: bool = True):
+        """The item snapshot with the learner's served-ranking term (see ``adopt``) attached, so a
+        reader ranks as the learner does. The term is per catalogue row, written in place every
+        ``POPULAR_S``: a reader may combine it with factors up to that much newer, or catch a write
+        halfway (per cell, each cell finite); rows the term does not cover yet (items newer than
+        it) get its lowest value: ranked as the least popular."""
+        snap = super().item_snapshot(wait)
+        served, cached = self._served, self._ranked
+        if served is None or not len(snap.ids):
+            return snap
+        if cached is None or cached[0] is not snap or cached[1] is not served:
+            rows = min(served[0], len(snap.ids))
+            term = self.block.view("popular_term")[:len(snap.ids)].copy()
+            term[rows:] = term[:rows].min() if rows else 0.0
+            cached = self._ranked = (snap, served, replace(snap, popular=term, share=served[1]))
+        return cached[2]
+
     def adopt(self, doc: dict) -> None:
-        """Take the published catalogue, popular list and LDP map."""
+        """Take the published catalogue, popular list, served-ranking term and LDP map."""
         self.catalogue.sync(*doc["catalogue"])
         self.popularity.items = doc.get("popular", self.popularity.items)   # sent every POPULAR_S
+        if "served" in doc:   # sent with the popular list
+            self._served = tuple(doc["served"]) if doc["served"] else None
         if doc.get("debias") and self.debias is None:
             from sketchrec.privacy.ldp import Debias
             self.debias = Debias(*doc["debias"])

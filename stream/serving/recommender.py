@@ -237,7 +237,7 @@ class Recommender:
             if len(rows) == k:
                 return [(ids[n], float(s + offset)) for n, s in zip(rows, scores)], "model-index"
         scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + offset
-        ranked = scores if snap.popular is None else self.ranking.served(scores, snap.popular, snap.share)
+        ranked = scores if snap.popular is None else ServedRanking.served(scores, snap.popular, snap.share)
         top = _top_unseen(ranked, k, seen_rows)
         top = top[np.isfinite(ranked[top])]
         return list(zip([ids[n] for n in top.tolist()], ranked[top].tolist())), "model"

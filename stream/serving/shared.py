@@ -95,6 +95,7 @@ class SharedBlock:
         specs, offset = {}, HEADER_BYTES + 8 * _CTL_WORDS
         for name, a in [*arrays.items(), ("catalogue_keys", np.empty(catalogue_capacity, np.uint64)),
                         ("catalogue_ids", np.empty(id_bytes, np.uint8)),
+                        ("popular_term", np.empty(catalogue_capacity, np.float64)),
                         ("meta", np.empty(meta_bytes, np.uint8))]:
             offset = -(-offset // _ALIGN) * _ALIGN
             specs[name] = [offset, a.dtype.str, list(a.shape)]

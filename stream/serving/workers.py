@@ -59,7 +59,21 @@ class Publisher:
                "stats": stats, "privacy": svc.privacy(), "problems": svc.health.problems()}
         if popular or time.monotonic() - self._ranked_at >= POPULAR_S:
             doc["popular"], self._ranked_at = rec.popularity.most_common(1000), time.monotonic()
+            doc["served"] = self._served_term(block)
         return doc
+
+    def _served_term(self, block: SharedBlock) -> list | None:
+        """Write the served ranking's popularity term per catalogue row (the mirrored order) into
+        the block and return [rows, the model's share] for the readers, or None where the model is
+        ranked by itself (central DP, no served ranking). Rebuilding the learner's item snapshot
+        here also keeps the ranking's feedback going while the readers answer every request."""
+        snap = self.service.recommender.item_snapshot()
+        if snap.popular is None:
+            return None
+        term = block.view("popular_term")
+        rows = min(len(snap.popular), len(term))
+        term[:rows] = snap.popular[:rows]
+        return [rows, snap.share]
 
     def publish(self, block: SharedBlock, popular: bool = False) -> None:
         block.publish(self.document(block, popular))
