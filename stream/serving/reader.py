@@ -74,12 +74,14 @@ class ReplicaRecommender(Recommender):
     diverging, caught mid-write) is never answered: predictions fall back to the global mean and
     such items are left out of recommendations."""
 
+    _served: tuple | None = None   # [rows, share] of the published served-ranking term (``adopt``)
+    _ranked: tuple | None = None   # (snapshot, served, the snapshot with the term attached)
+
     @classmethod
     def over(cls, block: SharedBlock) -> "ReplicaRecommender":
         # the served ranking's state (its weights, the count-min's counts) stays in the learner's
         # process, which publishes its popularity term: readers add it (``item_snapshot``)
         rec = cls(block.model(), pair_capacity=1, user_capacity=1, served_ranking=False)
-        rec._served, rec._ranked = None, None
         rec.pairs_seen, rec.users_seen = block.bloom("pairs_seen"), block.bloom("users_seen")
         rec.catalogue, rec.popularity, rec.block = SharedCatalogue(block), PublishedPopular(), block
         return rec
