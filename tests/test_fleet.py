@@ -1,5 +1,6 @@
 """A fleet on a real broker: learners that share one model through the model topic, one killed
-with SIGKILL and one added mid-stream, and a read-only serving replica (issue 20).
+with SIGKILL, one added and one stalled past its session timeout mid-stream, and a read-only
+serving replica (issue 20).
 
 The stream is SKETCHREC_FLEET_RATINGS ratings (default 300,000; ~60 s here) on a 6-partition topic, produced
 at a steady rate while the fleet learns, so that the kill and the join land mid-stream."""
@@ -80,6 +81,9 @@ class Fleet:
     def alive(self) -> list[int]:
         return [p for p, proc in self.procs.items() if proc.poll() is None]
 
+    def alive_procs(self) -> list[subprocess.Popen]:
+        return [self.procs[p] for p in self.alive()]
+
     def log(self, port) -> str:
         return (self.tmp / f"proc-{port}.log").read_text()[-3000:]
 
@@ -152,7 +156,16 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
         fleet.wait(lambda: learned(replica) >= join_at, f"{join_at:,} ratings")
         mark("join")
         members.append(fleet.start(member_cmd))
+        # a zombie: a survivor stalled past the group's session timeout (6 s) is evicted, its
+        # partitions move on, and it wakes up to publish what it had learned: refused once the
+        # new owner's claim is in, it rebuilds its replica and rejoins (it must not die)
+        zombie = next(p for p in members[:3] if p != victim)
+        fleet.procs[zombie].send_signal(signal.SIGSTOP)
+        waking = threading.Timer(9.0, fleet.procs[zombie].send_signal, args=(signal.SIGCONT,))
+        waking.start()
+        mark("stall")
         sender.join(timeout=120)
+        waking.join()
         live = [p for p in members if p != victim] + [replica]
         mark("sent")
         fleet.wait(lambda: all(learned(p) == N for p in live), f"{N:,} ratings everywhere", 180)
@@ -181,7 +194,10 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
         single = single_learner_rmse(data)
         mark(f"single learner: fleet RMSE {fleet_rmse:.5f}, single {single:.5f}")
         assert abs(fleet_rmse - single) <= 0.01 * single
+        mark(f"the stalled member rebuilt its replica: {'rebuilding' in fleet.log(zombie)}")
     finally:
+        for proc in fleet.alive_procs():
+            proc.send_signal(signal.SIGCONT)   # a stalled member must wake to obey SIGTERM
         fleet.stop()
 
 
@@ -212,12 +228,13 @@ def test_fleet_mode_is_chosen_by_fleet_only():
     assert (fleet.fleet.model_topic, fleet.fleet.sync_ms) == ("t.model", 50.0)
 
 
-def _message(offset, member, seq, covers, value=b"delta"):
+def _message(offset, member, seq, covers, value=b"delta", claims=()):
     from types import SimpleNamespace
     from sketchrec.models.metrics import ErrorStats
     from sketchrec.stream.kafka.model_topic import HEADER, encode_meta
+    errors = ErrorStats(n=1, sq=1.0, abs=1.0) if covers else ErrorStats()
     return SimpleNamespace(offset=offset, value=value, headers=[
-        (HEADER, encode_meta(member, seq, covers, ErrorStats(n=1, sq=1.0, abs=1.0), {}))])
+        (HEADER, encode_meta(member, seq, covers, errors, {}, claims))])
 
 
 def test_the_model_topic_decides_once_what_counts():
@@ -238,3 +255,11 @@ def test_the_model_topic_decides_once_what_counts():
     assert feed.state.errors.n == 3 and feed.state.refused == 1
     with pytest.raises(Fenced):
         feed._take(_message(5, "me", 1, {0: (15, 30)}))
+    # a claim: from it on, only the claimant's deltas count for its partitions, even where a
+    # zombie's delta would continue the coverage exactly
+    feed._take(_message(6, "c", 0, {}, value=b"", claims=[0]))
+    feed._take(_message(7, "b", 1, {0: (20, 25)}))                  # b lost partition 0: refused
+    feed._take(_message(8, "c", 1, {0: (20, 25)}))                  # its owner continues it
+    feed._take(_message(9, "b", 2, {1: (9, 12)}))                   # partition 1 never claimed
+    assert feed.state.covered == {"0": 25, "1": 12} and feed.state.refused == 3
+    assert feed.state.owners == {"0": "c"} and applied == [b"delta"] * 4

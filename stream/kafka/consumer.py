@@ -102,6 +102,15 @@ class KafkaLearner:
                     log_event("rebalance", revoked=sorted(tp.partition for tp in revoked))
                     learner.checkpoint("rebalance", blocking_commit=False)
 
+            def on_partitions_lost(self, lost):
+                # evicted from the group (a stalled heartbeat): the partitions may have a new
+                # owner already. A fleet member still publishes (its delta counts only if the new
+                # owner has not claimed them yet: kafka.model_topic); a checkpointing learner
+                # keeps its own checkpoint (the commit fails; the offsets stay in it).
+                if lost and not learner.closing:
+                    log_event("rebalance", logging.WARNING, lost=sorted(tp.partition for tp in lost))
+                    learner.checkpoint("rebalance", blocking_commit=False)
+
             def on_partitions_assigned(self, assigned):
                 log_event("rebalance", assigned=sorted(tp.partition for tp in assigned))
                 learner._seek(assigned)

@@ -15,9 +15,13 @@ rebalance that brings a second member.
 
 Exactly once across the fleet: the model topic is the record of what has been learned. Before a
 member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
-acknowledgement; a member given partitions first reads the model topic to its end and then seeks
-each partition to the offset after the last accepted delta covering it. A member that dies
-(``kill -9``) loses only what it had not published, and its successor consumes that again.
+acknowledgement; a member given partitions first publishes a claim of them, reads the model topic
+through its claim and then seeks each partition to the offset after the last accepted delta
+covering it (``kafka.model_topic``: after the claim, only the owner's deltas count). A member that
+dies (``kill -9``) loses only what it had not published, and its successor consumes that again. A
+member whose own delta was refused (it was evicted from the group and published late) is
+*fenced*: its replica holds learning the fleet does not, so `consume --fleet` rebuilds it from the
+newest snapshot and the model topic and rejoins the group as a new member (``rebuild``).
 
 Snapshots (``kafka.snapshots``) bound the replay on start: the member holding partition 0 writes
 one every ``snapshot_seconds``, right after publishing and reading the model topic back to its
@@ -110,6 +114,21 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
     return service
 
 
+def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: str) -> None:
+    """Replace ``service``'s replica in place (an endpoint serving it keeps serving) by the
+    newest snapshot plus the model topic, as ``member``: after its member was fenced."""
+    fresh = open_replica(bootstrap, model_topic, member=member)
+    feed = ModelFeed(bootstrap, model_topic, fresh.fleet, fresh.tracker.apply)
+    try:
+        feed.catch_up()
+        fresh.tracker.settle()
+    finally:
+        feed.close()
+    for name in ("errors", "skipped", "offsets", "fleet", "tracker", "last_checkpoint", "model_cls"):
+        setattr(service, name, getattr(fresh, name))
+    service.recommender = fresh.recommender   # last: one reference swap for the endpoint
+
+
 def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetState,
                    model_class: str) -> int:
     parts = {**recommender.state_parts(), **operator_parts(recommender.model)}
@@ -163,14 +182,17 @@ class FleetLearner(KafkaLearner):
         self.dead_letters.update(skipped)
 
     def _seek(self, tps) -> None:
-        """Partitions given to this member: read the model topic to its end, then resume each
+        """Partitions given to this member: claim them on the model topic and read it through
+        the claim (from there on, no other member's delta covering them counts), then resume each
         partition after the last accepted delta covering it."""
+        if not tps:
+            return
         try:
-            self.feed.catch_up()
+            self.feed.read_through(self._claim(tps))
         except Exception as exc:  # noqa: BLE001 - (a callback's error would only be logged)
-            # without the model topic's end, where to resume is unknown: learn nothing more
+            # without the model topic through the claim, where to resume is unknown: learn nothing
             self.consumer.pause(*tps)
-            self._fence(f"cannot read the model topic before taking partitions over "
+            self._fence(f"cannot claim partitions on the model topic "
                         f"({type(exc).__name__}: {exc})")
             return
         fresh = [tp for tp in tps if str(tp.partition) not in self.state.covered]
@@ -205,7 +227,7 @@ class FleetLearner(KafkaLearner):
             if self.book.expired():
                 self.checkpoint("interval")
                 if not self.alone:  # a slot for the model topic's fetches (big polls never wait)
-                    self.feed.poll(FEED_WAIT_MS)
+                    self._read_feed(FEED_WAIT_MS)
             self._tick()
         # a poll of at most POLL_CHUNKS chunks: big enough that most polls find fetched data,
         # small enough to stay far within the group's max poll interval on a loaded machine
@@ -278,6 +300,15 @@ class FleetLearner(KafkaLearner):
         self.published.update({str(p): end for p, (_, end) in covers.items()})
         self.errors, self.skipped_since = ErrorStats(), Counter()
 
+    def _claim(self, tps) -> int:
+        """Publish a claim of ``tps`` (after this member's pending deltas); its model offset."""
+        meta = encode_meta(self.state.member, self.seq, {}, ErrorStats(), Counter(),
+                           claims=sorted(tp.partition for tp in tps))
+        future = self.model_producer.send(self.model_topic, value=b"", key=self.state.member.encode(),
+                                          partition=0, headers=[(HEADER, meta)])
+        self.seq += 1
+        return future.get(timeout=60).offset
+
     def _settle_inflight(self) -> None:
         """Drop acknowledged deltas; raise the error of one that failed (kafka-python retries
         until its delivery timeout first)."""
@@ -286,6 +317,15 @@ class FleetLearner(KafkaLearner):
             if future.failed():
                 raise future.exception
 
+    def _read_feed(self, timeout_ms: int) -> int:
+        """Add the other members' deltas that have arrived (their number); fenced if this
+        member's own delta was refused."""
+        try:
+            return self.feed.poll(timeout_ms)
+        except Fenced as exc:
+            self._fence(str(exc))
+            return 0
+
     def _fence(self, why: str) -> None:
         self.fenced = Fenced(why)
         self.stop.set()
@@ -293,13 +333,13 @@ class FleetLearner(KafkaLearner):
 
     def _tick(self) -> None:
         """After each poll: add the other members' deltas; the holder of partition 0 snapshots."""
+        read = self._read_feed(0)
+        if self.fenced is not None:
+            return
         try:
-            if not self.feed.poll(0) and (self.last_at is None or time.time() - self.last_at > 0.2):
+            if read == 0 and (self.last_at is None or time.time() - self.last_at > 0.2):
                 self.tracker.settle()   # idle: the popular list as every settled replica has it
             self._settle_inflight()
-        except Fenced as exc:
-            self._fence(str(exc))
-            return
         except Exception as exc:  # noqa: BLE001 - a delta that failed: see checkpoint()
             self._fence(f"a delta could not be published ({type(exc).__name__}: {exc})")
             return
@@ -313,7 +353,11 @@ class FleetLearner(KafkaLearner):
         self.last_snapshot = time.monotonic()
         if not self.checkpoint("snapshot"):
             return None
-        self.feed.catch_up()
+        try:
+            self.feed.catch_up()
+        except Fenced as exc:
+            self._fence(str(exc))
+            return None
         self.tracker.settle()
         offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
                                 self.state, self.service.model_cls.__name__)

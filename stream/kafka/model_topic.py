@@ -6,19 +6,26 @@ A message is one member's delta since its previous one: the value is the delta b
 letters), the key is the member's id, and the header ``sketchrec.delta`` holds JSON::
 
     {"v": 1, "member": "…", "seq": 7, "covers": {"3": [1200, 1750]}, "errors": {"n": …, "sq": …, "abs": …},
-     "skipped": {"reason": count}}
+     "skipped": {"reason": count}, "claims": ["3"]}
+
+(``claims`` only in a member's claim, see below; its value is empty.)
 
 ``covers`` maps each input partition to the half-open offset range [from, to) whose ratings the
 delta holds. The topic is thus the record of what has been learned, and a ``FleetState`` reading
 it knows, per input partition, the offset after the last delta covering it (``covered``).
 
-Acceptance (exactly once). A delta is applied only if each range it covers starts exactly where
-the partition's coverage ends (or the partition was never covered). Every replica reads the same
-order and applies the same rule, so all agree on which deltas count, and no input offset is ever
-counted twice: a member that lost its partitions without knowing it (a paused "zombie") and
-publishes late finds its delta refused everywhere — including by itself, which then raises
-``Fenced`` (its own replica holds the refused learning; it must be rebuilt). A message a producer
-retry wrote twice (same member, same ``seq``) is read once.
+Acceptance (exactly once). A member given a partition first publishes a *claim* naming it and
+reads the topic through its own claim; from the claim on, the partition's deltas count only from
+that member (its owner). A delta is applied only if its member owns each partition it covers (or
+the partition was never claimed) and each range starts exactly where the partition's coverage
+ends (or the partition was never covered). Every replica reads the same order and applies the
+same rule, so all agree on which deltas count, and no input offset is ever counted twice: a
+member that lost its partitions without knowing it (evicted from the group on a stalled
+heartbeat: a "zombie") and publishes late finds its delta refused everywhere once the new owner's
+claim is in — including by itself, which then raises ``Fenced`` (its own replica holds the
+refused learning; it must be rebuilt). A zombie delta written before the claim counts, and the
+new owner, reading through its claim, resumes after it. A message a producer retry wrote twice
+(same member, same ``seq``) is read once.
 
 >>> state = FleetState(member="a")
 >>> state.accepts({"covers": {"0": [0, 10]}}), state.covered
@@ -30,6 +37,9 @@ retry wrote twice (same member, same ``seq``) is read once.
 False
 >>> state.duplicate({"member": "b", "seq": 0})
 True
+>>> state.settle({"member": "c", "seq": 0, "covers": {}, "claims": ["0"]}, 1)   # c owns 0 now
+>>> state.accepts({"member": "b", "covers": {"0": [10, 20]}}), state.accepts({"member": "c", "covers": {"0": [10, 20]}})
+(False, True)
 """
 
 from __future__ import annotations
@@ -57,12 +67,14 @@ def model_topic(topic: str, given: str | None = None) -> str:
 
 
 def encode_meta(member: str, seq: int, covers: dict[int, tuple[int, int]], errors: ErrorStats,
-                skipped: Counter) -> bytes:
-    """The header of one delta message (see the module docstring)."""
-    return json.dumps({"v": VERSION, "member": member, "seq": seq,
-                       "covers": {str(p): [int(a), int(b)] for p, (a, b) in covers.items()},
-                       "errors": errors.to_dict(), "skipped": dict(skipped)},
-                      separators=(",", ":")).encode()
+                skipped: Counter, claims: list[int] = ()) -> bytes:
+    """The header of one delta message, or of a claim (see the module docstring)."""
+    meta = {"v": VERSION, "member": member, "seq": seq,
+            "covers": {str(p): [int(a), int(b)] for p, (a, b) in covers.items()},
+            "errors": errors.to_dict(), "skipped": dict(skipped)}
+    if claims:
+        meta["claims"] = [str(p) for p in claims]
+    return json.dumps(meta, separators=(",", ":")).encode()
 
 
 def decode_meta(headers) -> dict | None:
@@ -81,7 +93,8 @@ def decode_meta(headers) -> dict | None:
 class FleetState:
     """What a replica knows from the model topic: the next offset to read (``position``), the
     offset after the last accepted delta per input partition (``covered``, keys as text like
-    checkpoint offsets), and the fleet's prequential errors and skip counts (accepted deltas)."""
+    checkpoint offsets), the member whose claim owns each partition (``owners``), and the fleet's
+    prequential errors and skip counts (accepted deltas)."""
 
     member: str | None = None   # this process's id (None: a read-only replica)
     position: int = 0
@@ -90,17 +103,22 @@ class FleetState:
     skipped: Counter = field(default_factory=Counter)
     refused: int = 0
     seen: dict = field(default_factory=dict)   # member -> the last seq read (retries are read once)
+    owners: dict = field(default_factory=dict)  # partition -> the member of its newest claim
 
     def duplicate(self, meta: dict) -> bool:
         return meta.get("seq", 0) <= self.seen.get(meta.get("member"), -1)
 
     def accepts(self, meta: dict) -> bool:
-        return all(self.covered.get(p, start) == start for p, (start, _) in meta["covers"].items())
+        member = meta.get("member")
+        return all(self.covered.get(p, start) == start and self.owners.get(p, member) == member
+                   for p, (start, _) in meta["covers"].items())
 
     def settle(self, meta: dict, offset: int) -> None:
         """Record an accepted delta read at ``offset``."""
         for p, (_, end) in meta["covers"].items():
             self.covered[p] = end
+        for p in meta.get("claims") or ():
+            self.owners[p] = meta.get("member")
         e = meta.get("errors") or {}
         self.errors.n += e.get("n", 0)
         self.errors.sq += e.get("sq", 0.0)
@@ -111,12 +129,13 @@ class FleetState:
 
     def to_dict(self) -> dict:
         return {"position": self.position, "covered": self.covered, "errors": self.errors.to_dict(),
-                "skipped": dict(self.skipped), "seen": self.seen}
+                "skipped": dict(self.skipped), "seen": self.seen, "owners": self.owners}
 
     @classmethod
     def from_dict(cls, d: dict, member: str | None = None) -> "FleetState":
         return cls(member, d["position"], dict(d["covered"]), ErrorStats.from_dict(d["errors"]),
-                   Counter(d.get("skipped", {})), seen=dict(d.get("seen", {})))
+                   Counter(d.get("skipped", {})), seen=dict(d.get("seen", {})),
+                   owners=dict(d.get("owners", {})))
 
 
 class ModelFeed:
@@ -157,6 +176,15 @@ class ModelFeed:
         while self.state.position < end:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"model topic: at {self.state.position} of {end} after {timeout:g} s")
+            self.poll(200)
+
+    def read_through(self, offset: int, timeout: float = 60.0) -> None:
+        """Read until the message at ``offset`` is read (one this member has just written)."""
+        import time
+        deadline = time.monotonic() + timeout
+        while self.state.position <= offset:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"model topic: at {self.state.position}, waiting for {offset}")
             self.poll(200)
 
     def _take(self, msg) -> None:
