@@ -194,7 +194,7 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
 
 
 # readers of a learning service yield a little to the learner: on 2 cores, at niceness 2 learning
-# kept 75-100% of its alone rate at 2,300-3,800 req/s, p99 18-25 ms in 8 of 8 runs; at 0, 63-65%;
+# kept 75-100% of its alone rate at 2,300-3,800 req/s, p99 18-25 ms in 10 of 10 runs; at 0, 63-65%;
 # at 3 the tail passed 25 ms in 3 of 7 runs (README)
 LEARNING_NICE = 2
 
