@@ -164,3 +164,26 @@ def test_a_read_replica_moves_to_a_newer_checkpoint(tmp_path):
         pool.stop()
     assert not (_segments() - before)
 
+
+
+def test_a_catalogue_beyond_the_block_is_mirrored_as_a_prefix_and_said_once(caplog):
+    """Readers can only rank the items the block's catalogue buffers hold: past them the
+    learner keeps learning every item, the readers keep the prefix, and the log says so once."""
+    from sketchrec.stream.serving.shared import SharedBlock
+    from sketchrec.stream.serving.workers import Publisher
+    rec = Recommender(SketchMF(dim=4, capacity=200), pair_capacity=1000, user_capacity=100)
+    service = LearningService(rec)
+    block = SharedBlock.create(rec, catalogue_capacity=8)
+    try:
+        publisher = Publisher(service)
+        rec.learn_many(["u"] * 5, [f"i{n}" for n in range(5)], [4.0] * 5)
+        with caplog.at_level("WARNING"):
+            assert publisher.document(block)["catalogue"][0] == 5   # it fits: no warning
+            assert "catalogue_truncated" not in caplog.text
+            for round_ in range(2):   # grown past the buffers, twice: said once
+                rec.learn_many(["u"] * 5, [f"j{round_}-{n}" for n in range(5)], [4.0] * 5)
+                assert publisher.document(block)["catalogue"][0] == 8
+        assert caplog.text.count("catalogue_truncated") == 1
+        assert len(rec.catalogue) == 15
+    finally:
+        block.unlink()   # (the model's arrays live in it: unlinked, not closed, as WorkerPool.stop)

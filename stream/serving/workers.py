@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import math
 import os
 import socket
@@ -24,6 +25,7 @@ import sys
 import threading
 import time
 
+from sketchrec.stream.serving.health import log_event
 from sketchrec.stream.serving.reader import READY_BASE
 from sketchrec.stream.serving.server import uvicorn_server
 from sketchrec.stream.serving.shared import PUBLISH_S, SharedBlock, shareable
@@ -46,6 +48,7 @@ class Publisher:
 
     def __init__(self, service):
         self.service, self._ranked_at = service, -math.inf
+        self._warned = False   # the catalogue outgrew the block (logged once)
 
     def document(self, block: SharedBlock, popular: bool = False) -> dict:
         svc, rec = self.service, self.service.recommender
@@ -57,6 +60,12 @@ class Publisher:
         doc = {"catalogue": block.mirror(*rec.catalogue.snapshot()) if grown else block.mirrored,
                "debias": [mech["epsilon"], *mech["range"]] if rec.debias is not None and mech else None,
                "stats": stats, "privacy": svc.privacy(), "problems": svc.health.problems()}
+        if grown and not self._warned and block.mirrored[0] < len(rec.catalogue):
+            # the block's catalogue buffers are full: readers rank the prefix they hold
+            self._warned = True
+            log_event("catalogue_truncated", logging.WARNING, items=len(rec.catalogue),
+                      readers_hold=block.mirrored[0],
+                      fix="serve this catalogue with --workers 1 (the learner answers every item)")
         if popular or time.monotonic() - self._ranked_at >= POPULAR_S:
             doc["popular"], self._ranked_at = rec.popularity.most_common(1000), time.monotonic()
             doc["served"] = self._served_term(block)
