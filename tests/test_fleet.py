@@ -28,7 +28,7 @@ MODEL = ["--dim", "8", "--capacity", "6000", "--seed", "3"]
 
 def member_cmd(bootstrap, topic, port):
     return [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
-            "--group", f"g-{topic}", "--fleet", "--sync-ms", "100", "--sync-ratings", "500",
+            "--group", f"g-{topic}", "--fleet", "--sync-ms", "100",
             "--snapshot-seconds", "4",
             "--expected-ratings", str(2 * N), *MODEL, "--serve", f"127.0.0.1:{port}"]
 

@@ -39,13 +39,13 @@ from sketchrec.stream.kafka.producer import order_for_topic, produce
 PARTITIONS = 4
 
 
-def members(bootstrap: str, topic: str, n: int, capacity: int, sync_ratings: int,
+def members(bootstrap: str, topic: str, n: int, capacity: int, sync_ratings: int | None,
             idle: float = 4.0) -> list[dict]:
     """Run ``n`` fleet members of one group over ``topic`` until idle; their final reports."""
     cmd = [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
            "--group", f"g-{topic}-{n}", "--fleet", "--model-topic", f"{topic}.model{n}",
-           "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle),
-           "--sync-ratings", str(sync_ratings)]
+           "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle)]
+    cmd += ["--sync-ratings", str(sync_ratings)] if sync_ratings else []
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for _ in range(n)]
     reports = []
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_stream_args(ap)
     ap.add_argument("--probes", type=int, default=50)
-    ap.add_argument("--sync-ratings", type=int, default=500, help="the members' --sync-ratings")
+    ap.add_argument("--sync-ratings", type=int, help="the members' --sync-ratings (default: theirs)")
     ap.add_argument("--no-snapshot", action="store_true", help="skip the snapshot write/restore timing")
     args = ap.parse_args(argv)
     broker = None

@@ -51,9 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--model-topic", metavar="TOPIC", help="the fleet's model topic (default TOPIC.model)")
     fleet.add_argument("--sync-ms", type=float, default=200.0, metavar="MS",
                        help="publish this member's delta every MS milliseconds")
-    fleet.add_argument("--sync-ratings", type=int, default=500, metavar="N",
+    fleet.add_argument("--sync-ratings", type=int, metavar="N",
                        help="... or after N ratings, whichever comes first (replicas drift apart "
-                       "the more each learns alone: see docs/scaling.md)")
+                       "the more each learns alone: see docs/scaling.md). Default: 2,000 ratings "
+                       "over the other members, at least 500 (a lone member: 10,000)")
     fleet.add_argument("--snapshot-seconds", type=float, default=60.0, metavar="S",
                        help="the member holding partition 0 writes a snapshot every S seconds")
     ap.add_argument("--ldp-debias", action="store_true",
@@ -114,7 +115,7 @@ class FleetSettings:
     model_topic: str
     sync_ms: float
     snapshot_seconds: float
-    sync_ratings: int
+    sync_ratings: int | None   # None: by the fleet's size (FleetLearner)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, ap: argparse.ArgumentParser) -> "FleetSettings | None":
@@ -130,7 +131,7 @@ class FleetSettings:
         if DPSettings.from_args(args).enabled or args.ldp_debias:
             ap.error("privacy modes (--dp-*, --ldp-debias) do not run as a fleet yet: one ledger "
                      "needs one learner; run one `consume --checkpoint DIR` process")
-        if min(args.sync_ms, args.snapshot_seconds, args.sync_ratings) <= 0:
+        if min(args.sync_ms, args.snapshot_seconds, args.sync_ratings or 1) <= 0:
             ap.error("--sync-ms, --sync-ratings and --snapshot-seconds must be positive")
         return cls(model_topic(args.topic, args.model_topic), args.sync_ms, args.snapshot_seconds,
                    args.sync_ratings)
