@@ -11,7 +11,7 @@ chunks of about ``sync_ratings`` ratings, publishing and reading the model topic
 each chunk's offsets are stored as it is learned, so what a delta covers stays exact. A member
 holding every partition is the group's only learner: nothing can drift, so it publishes every
 ``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among M members, by default, every
-``DRIFT_RATINGS`` / (M - 1) ratings (at least ``sync_ratings``), M re-read at every rebalance.
+``DRIFT_RATINGS`` / (M - 1) ratings (at least ``sync_ratings``), M re-read at every poll.
 
 Exactly once across the fleet: the model topic is the record of what has been learned. Before a
 member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
@@ -270,7 +270,7 @@ class FleetLearner(KafkaLearner):
         every ALONE x sync_ratings ratings or ``sync_ms``, whichever comes first, and saves most
         takes. Otherwise, by default, every DRIFT_RATINGS / (M - 1) ratings (at least
         ``sync_ratings``), M the group's learners as this member's share of the partitions
-        suggests; its next rebalance re-reads M."""
+        suggests (re-read at every poll: a rebalance changes it)."""
         partitions = self.consumer.partitions_for_topic(self.topic) or set()
         held = {tp.partition for tp in self.consumer.assignment()}
         self.alone = bool(partitions) and partitions <= held

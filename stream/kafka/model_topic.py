@@ -169,17 +169,11 @@ class ModelFeed:
         return n
 
     def catch_up(self, timeout: float = 60.0) -> None:
-        """Read until the end of the topic as it is now (before taking over partitions)."""
-        import time
-        end = self.consumer.end_offsets([self.tp])[self.tp]
-        deadline = time.monotonic() + timeout
-        while self.state.position < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"model topic: at {self.state.position} of {end} after {timeout:g} s")
-            self.poll(200)
+        """Read until the end of the topic as it is now."""
+        self.read_through(self.consumer.end_offsets([self.tp])[self.tp] - 1, timeout)
 
     def read_through(self, offset: int, timeout: float = 60.0) -> None:
-        """Read until the message at ``offset`` is read (one this member has just written)."""
+        """Read until the message at ``offset`` is read (e.g. one this member has just written)."""
         import time
         deadline = time.monotonic() + timeout
         while self.state.position <= offset:
