@@ -18,28 +18,17 @@ loose bound; PLD is tighter and slower.
 
 from __future__ import annotations
 
-import functools
 import math
 import secrets
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import dp_accounting
+import dp_accounting
+from absl import logging as absl_logging
+from dp_accounting import pld, rdp
 
-
-@functools.cache
-def _dp():
-    """dp_accounting, imported on first use: with scipy it takes ~0.5 s, which processes that
-    never account (serving readers, non-private learners) should not pay on start."""
-    import dp_accounting
-    import dp_accounting.pld  # noqa: F401 - (submodules the accountants live in)
-    import dp_accounting.rdp  # noqa: F401
-    from absl import logging as absl_logging
-    # dp-accounting logs a warning for every RDP order whose series does not converge (it then
-    # leaves that order out, which keeps the bound valid): noise on a command line, not news
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    return dp_accounting
+# dp-accounting logs a warning for every RDP order whose series does not converge (it then
+# leaves that order out, which keeps the bound valid): noise on a command line, not news
+absl_logging.set_verbosity(absl_logging.ERROR)
 
 ACCOUNTANTS = ("rdp", "pld")
 RELATIONS = ("add/remove", "replace-one")
@@ -62,20 +51,19 @@ class GaussianSteps:
             raise ValueError("need noise_multiplier > 0, 0 < sampling_rate <= 1, count >= 0")
 
     def event(self) -> dp_accounting.DpEvent:
-        dp = _dp()
-        single = (dp.LaplaceDpEvent(self.noise_multiplier) if self.mechanism == "laplace"
-                  else dp.GaussianDpEvent(self.noise_multiplier))
+        single = (dp_accounting.LaplaceDpEvent(self.noise_multiplier) if self.mechanism == "laplace"
+                  else dp_accounting.GaussianDpEvent(self.noise_multiplier))
         if self.sampling_rate < 1.0:
-            single = dp.PoissonSampledDpEvent(self.sampling_rate, single)
-        return dp.SelfComposedDpEvent(single, self.count)
+            single = dp_accounting.PoissonSampledDpEvent(self.sampling_rate, single)
+        return dp_accounting.SelfComposedDpEvent(single, self.count)
 
 
 def _accountant(kind: str) -> dp_accounting.PrivacyAccountant:
     if kind == "rdp":
-        return _dp().rdp.RdpAccountant()
+        return rdp.RdpAccountant()
     if kind == "pld":
         # 1e-4 discretisation keeps epsilon within ~1e-3 of the exact curve for our mechanisms
-        return _dp().pld.PLDAccountant(value_discretization_interval=1e-4)
+        return pld.PLDAccountant(value_discretization_interval=1e-4)
     raise ValueError(f"accountant must be one of {ACCOUNTANTS}")
 
 
@@ -85,7 +73,7 @@ def epsilon_of(steps: list[GaussianSteps], delta: float, accountant: str = "rdp"
     if not steps:
         return 0.0
     acc = _accountant(accountant)
-    acc.compose(_dp().ComposedDpEvent([s.event() for s in steps]))
+    acc.compose(dp_accounting.ComposedDpEvent([s.event() for s in steps]))
     return float(acc.get_epsilon(delta))
 
 
@@ -221,9 +209,8 @@ def calibrate_noise(target_epsilon: float, delta: float, sampling_rate: float = 
     at most ``target_epsilon`` at ``delta`` (dp-accounting's calibrate_dp_mechanism)."""
     if not target_epsilon > 0 or math.isinf(target_epsilon):
         raise ValueError("target_epsilon must be positive and finite")
-    dp = _dp()
-    return float(dp.calibrate_dp_mechanism(
+    return float(dp_accounting.calibrate_dp_mechanism(
         lambda: _accountant(accountant),
         lambda z: GaussianSteps(z, sampling_rate, count).event(),
         target_epsilon, delta,
-        bracket_interval=dp.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))

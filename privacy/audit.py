@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binom
 
 CANARY_PREFIX = "__canary__"
 
@@ -25,7 +26,6 @@ CANARY_PREFIX = "__canary__"
 def audit_p_value(epsilon: float, delta: float, m: int, r: int, v: int) -> float:
     """p(eps, delta) = P[Binom(r, q) >= v] + alpha * delta * 2m, q = e^eps / (1 + e^eps), with
     alpha = max_{1 <= i <= v} P[v - i <= Binom(r, q) < v] / i (anchors §5)."""
-    from scipy.stats import binom  # ~0.4 s: only where an audit is scored (not in every server)
     q = 1.0 / (1.0 + math.exp(-epsilon))
     tail = float(binom.sf(v - 1, r, q))
     if delta <= 0 or v <= 0:

@@ -18,13 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from sketchrec.data import FORMAT_RANGES
-
-
-def _mechanism(epsilon: float, lower: float, upper: float):
-    # imported here: the mechanism needs scipy (~0.2 s), which a server that never perturbs
-    # nor debiases should not load on start
-    from sketchrec.privacy.bounded_laplace import BoundedLaplace
-    return BoundedLaplace(epsilon=epsilon, lower=lower, upper=upper)
+from sketchrec.privacy.bounded_laplace import BoundedLaplace
 
 HEADER = "sketchrec-ldp"  # Kafka header a producer sets on every perturbed message
 
@@ -34,7 +28,7 @@ class DeviceRandomiser:
     its Bounded Laplace release (exact inverse-CDF sampling)."""
 
     def __init__(self, epsilon: float, lower: float, upper: float, seed: int | None = None):
-        self.mechanism = _mechanism(epsilon, lower, upper)
+        self.mechanism = BoundedLaplace(epsilon=epsilon, lower=lower, upper=upper)
         self.epsilon, self.lower, self.upper = float(epsilon), float(lower), float(upper)
         self.rng = np.random.default_rng(seed)
 
@@ -52,7 +46,7 @@ class Debias:
     interpolation on a grid of the exact mean function m)."""
 
     def __init__(self, epsilon: float, lower: float, upper: float, grid: int = 2001):
-        mech = _mechanism(epsilon, lower, upper)
+        mech = BoundedLaplace(epsilon=epsilon, lower=lower, upper=upper)
         self.values = np.linspace(lower, upper, grid)
         self.means = np.array([float(mech.mean(v)) for v in self.values])
 

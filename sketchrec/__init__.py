@@ -14,17 +14,11 @@ True
 
 from importlib.metadata import PackageNotFoundError, version
 
+from sketchrec.models import DenseMF, SketchMF
+
 try:
     __version__ = version("sketchrec")
 except PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0+unknown"
 
 __all__ = ["DenseMF", "SketchMF", "__version__"]
-
-
-def __getattr__(name: str):
-    """The learners load on first use (``sketchrec.models``): importing a subpackage stays cheap."""
-    if name in ("DenseMF", "SketchMF"):
-        from sketchrec import models
-        return getattr(models, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
