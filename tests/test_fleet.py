@@ -84,16 +84,21 @@ class Fleet:
     def alive_procs(self) -> list[subprocess.Popen]:
         return [self.procs[p] for p in self.alive()]
 
-    def log(self, port) -> str:
-        return (self.tmp / f"proc-{port}.log").read_text()[-3000:]
+    def log(self, port, tail: int = 3000) -> str:
+        return (self.tmp / f"proc-{port}.log").read_text()[-tail:]
 
     def wait(self, condition, what: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             dead = [p for p, proc in self.procs.items() if proc.poll() not in (None, -9)]
             assert not dead, "\n".join(self.log(p) for p in dead)
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: " + \
-                ", ".join(f"{p}={learned(p)}" for p in self.alive())
+            if time.monotonic() >= deadline:
+                behind = ", ".join(f"{p}={learned(p)}" for p in self.alive())
+                for proc in self.alive_procs():   # every thread's stack into its log (SIGUSR1)
+                    proc.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
+                raise AssertionError(f"timed out waiting for {what}: {behind}\n" + "\n".join(
+                    f"--- {p}:\n{self.log(p, 8000)}" for p in self.alive()))
             time.sleep(0.2)
 
     def stop(self) -> None:

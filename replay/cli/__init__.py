@@ -7,7 +7,9 @@ module is imported only when its command runs.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import signal
 import sys
 from typing import Callable
 
@@ -38,6 +40,10 @@ def command(name: str) -> Callable[[list[str]], int]:
 
 def sketchrec_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # `kill -USR1 PID` prints every thread's stack to stderr (a long-running service that stops
+    # making progress can say where, without stopping it)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     ap = argparse.ArgumentParser(prog="sketchrec", description="Privacy-aware streaming recommender "
                                  "with count-sketch matrix factorization.")
     ap.add_argument("command", choices=sorted(COMMANDS), help="; ".join(
