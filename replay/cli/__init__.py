@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import io
 import signal
 import sys
 from typing import Callable
@@ -43,7 +44,10 @@ def sketchrec_main(argv: list[str] | None = None) -> int:
     # `kill -USR1 PID` prints every thread's stack to stderr (a long-running service that stops
     # making progress can say where, without stopping it)
     if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (io.UnsupportedOperation, ValueError, AttributeError):
+            pass   # stderr without a file descriptor (called in-process, e.g. under pytest)
     ap = argparse.ArgumentParser(prog="sketchrec", description="Privacy-aware streaming recommender "
                                  "with count-sketch matrix factorization.")
     ap.add_argument("command", choices=sorted(COMMANDS), help="; ".join(
