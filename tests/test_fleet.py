@@ -208,6 +208,7 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
 
 @pytest.mark.parametrize("extra, message", [
     (["--fleet"], "--fleet needs --group"),
+    (["--fleet", "--group", "g", "--sync-ratings", "0"], "must be positive"),
     (["--fleet", "--group", "g", "--checkpoint", "d"], "not in --checkpoint"),
     (["--fleet", "--group", "g", "--dp-epsilon", "1"], "do not run as a fleet"),
     (["--fleet", "--group", "g", "--ldp-debias"], "do not run as a fleet"),

@@ -131,7 +131,8 @@ class FleetSettings:
         if DPSettings.from_args(args).enabled or args.ldp_debias:
             ap.error("privacy modes (--dp-*, --ldp-debias) do not run as a fleet yet: one ledger "
                      "needs one learner; run one `consume --checkpoint DIR` process")
-        if min(args.sync_ms, args.snapshot_seconds, args.sync_ratings or 1) <= 0:
+        given = [args.sync_ratings] if args.sync_ratings is not None else []
+        if min(args.sync_ms, args.snapshot_seconds, *given) <= 0:
             ap.error("--sync-ms, --sync-ratings and --snapshot-seconds must be positive")
         return cls(model_topic(args.topic, args.model_topic), args.sync_ms, args.snapshot_seconds,
                    args.sync_ratings)

@@ -53,9 +53,9 @@ def run_member(config) -> int:
         print(f"{prog}: fenced ({learner.fenced}); rebuilding the replica from the newest snapshot "
               f"and the model topic, rejoining as {member}", file=sys.stderr, flush=True)
         try:
+            # a fleet member serves from its own process (serving.shared.shareable), whose
+            # endpoint reads service.recommender at every request: the swap is all it needs
             rebuild(service, config.bootstrap, fleet.model_topic, member)
-            if hasattr(server, "adopt"):   # reader processes move to the rebuilt model
-                server.adopt()
             learner = current[0] = join(service)
             rebuilt += 1
         except (KafkaError, RuntimeError, TimeoutError) as exc:

@@ -106,7 +106,6 @@ class WorkerPool:
         self.blocks: list[tuple[SharedBlock, float]] = []   # (block, unlink after): moved away from
         self.procs: list[subprocess.Popen | None] = []
         self._stop = threading.Event()
-        self._moving = threading.Lock()   # the block is replaced by one thread at a time
 
     # starting ---------------------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "WorkerPool":
@@ -175,19 +174,12 @@ class WorkerPool:
     def _publish_loop(self) -> None:
         next_reload = time.monotonic() + (self.reload_every or 0)
         while not self._stop.wait(PUBLISH_S):
-            with self._moving:
-                if self.reload_every and time.monotonic() >= next_reload:
-                    next_reload = time.monotonic() + self.reload_every
-                    if self.service.reload_if_newer():
-                        self._move()
-                self.publisher.publish(self.block)
-                self._tend()
-
-    def adopt(self) -> None:
-        """The service's recommender was replaced (a fleet member rebuilt its replica, with
-        learning stopped): the readers move to a block of the new one."""
-        with self._moving:
-            self._move()
+            if self.reload_every and time.monotonic() >= next_reload:
+                next_reload = time.monotonic() + self.reload_every
+                if self.service.reload_if_newer():
+                    self._move()
+            self.publisher.publish(self.block)
+            self._tend()
 
     def _move(self) -> None:
         """A newer checkpoint was loaded: readers move to a new block; the old one goes later."""
