@@ -33,53 +33,95 @@ _EMPTY = np.empty(0, np.uint64)
 
 def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
             where: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """The entries where ``now`` differs from ``base``, as ``dtype`` (default: the arrays' own):
-    sparse (``name.i`` gaps between flat indices, uint32, which compress well; ``name.v`` values)
-    or dense (``name.d``) when that is smaller; {} when nothing changed. ``where`` (sorted flat
-    indices) limits the comparison to the entries that can have changed. ``base`` becomes
-    ``now``; when ``dtype`` rounds, only the values published are added to it, so that what they
-    do not carry goes out with the next delta.
+    """The entries where ``now`` differs from ``base``, as ``dtype`` (default: the arrays' own),
+    in the smallest of three forms: sparse (``name.i`` gaps between flat indices, uint32, which
+    compress well; ``name.v`` values), a bitmap (``name.b``, one bit per entry, little-endian
+    bit order; ``name.v`` values: a delta that moved more than 1 entry in 32) or dense
+    (``name.d``); {} when nothing changed. ``where`` (sorted flat indices) limits the comparison
+    to the entries that can have changed. ``base`` becomes ``now``; when ``dtype`` rounds, only
+    the values published are added to it, so that what they do not carry goes out with the next
+    delta.
 
     >>> base = np.ones(4)
     >>> publish(np.array([1., 5., 1., 1.]), base, "x"), base
     ({'x.i': array([1], dtype=uint32), 'x.v': array([4.])}, array([1., 5., 1., 1.]))
     """
     flat_now, flat_base = now.reshape(-1), base.reshape(-1)  # views: the arrays are contiguous
-    if where is not None and dtype is None:  # one compiled pass: the take's larger part
-        idx, values = np.empty(len(where), np.int64), np.empty(len(where), flat_now.dtype)
+    if dtype is None:  # one compiled pass: the take's larger part
+        size = flat_now.size if where is None else len(where)
+        idx, values = np.empty(size, np.int64), np.empty(size, flat_now.dtype)
         n = _moved(flat_now, flat_base, where, idx, values)
         idx, values = idx[:n], values[:n]
     else:
         where = np.arange(flat_now.size) if where is None else where
-        diff = flat_now[where] - flat_base[where]
-        if dtype is not None:
-            diff = diff.astype(dtype)
+        diff = (flat_now[where] - flat_base[where]).astype(dtype)
         moved = np.flatnonzero(diff)
         idx, values = where[moved], diff[moved]
-        if dtype is None:
-            flat_base[idx] = flat_now[idx]
-        else:
-            flat_base[idx] += values
-    if not len(idx):
+        flat_base[idx] += values
+    return encode_entries(name, idx, values, flat_now.size)
+
+
+def encode_entries(name: str, idx: np.ndarray, values: np.ndarray, size: int) -> dict[str, np.ndarray]:
+    """``publish``'s output for the changes ``values`` at sorted flat indices ``idx`` of an
+    array of ``size`` entries: the smallest form (a bitmap where 1 entry in 8 or more moved:
+    gaps compress to about a byte each below that).
+
+    >>> out = encode_entries("x", np.arange(0, 64, 2), np.ones(32, np.float32), 64)
+    >>> sorted(out), entries_of(out, "x", np.zeros(64, np.float32))[0][:3].tolist()
+    (['x.b', 'x.v'], [0, 2, 4])
+    """
+    n, item = len(idx), values.itemsize
+    if not n:
         return {}
-    if len(idx) * (4 + values.itemsize) < flat_now.size * values.itemsize:
+    bitmap = -(-size // 8)
+    if bitmap + n * item < size * item and 8 * n >= size >= 64:
+        bits = np.zeros(bitmap, np.uint8)
+        _set_bits(bits, idx)
+        return {name + ".b": bits, name + ".v": values}
+    if n * (4 + item) < size * item:
         return {name + ".i": np.diff(idx, prepend=0).astype(np.uint32), name + ".v": values}
-    dense = np.zeros(flat_now.size, dtype=values.dtype)
-    dense[idx] = values
-    return {name + ".d": dense}
+    out = np.zeros(size, dtype=values.dtype)
+    out[idx] = values
+    return {name + ".d": out}
 
 
 @njit(nogil=True, cache=True)
 def _moved(now, base, where, idx, values):
-    """idx, values = the entries of ``where`` where now != base, and their change; base = now
-    there. Returns how many (the same arithmetic as numpy's, in float32)."""
+    """idx, values = the entries of ``where`` (None: all) where now != base, and their change;
+    base = now there. Returns how many (the same arithmetic as numpy's, in float32)."""
     n = 0
-    for w in where:
+    for k in range(now.shape[0] if where is None else where.shape[0]):
+        w = k if where is None else where[k]
         change = now[w] - base[w]
         if change != 0:
             idx[n], values[n] = w, change
             base[w] = now[w]
             n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def _set_bits(bits, idx):
+    for i in idx:
+        bits[i >> 3] |= np.uint8(1 << (i & 7))
+
+
+@njit(nogil=True, cache=True)
+def _bit_indices(bits, size, out):
+    """The set bits' indices into ``out``; returns how many, or more than ``out`` holds when
+    the bits do not match it (one set at or after ``size``, or too many: a bad delta)."""
+    n = 0
+    for byte in range(bits.shape[0]):
+        b = np.int64(bits[byte])
+        if b == 0:
+            continue
+        for k in range(8):
+            if (b >> k) & 1:
+                i = byte * 8 + k
+                if i >= size or n >= out.shape[0]:
+                    return out.shape[0] + 1
+                out[n] = i
+                n += 1
     return n
 
 
@@ -97,6 +139,14 @@ def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
         if values.shape != (like.size,) or not _fits(values, like):
             raise ValueError(f"delta's {name} does not fit this model (shape or dtype)")
         return None, values
+    if name + ".b" in arrays:
+        bits, values = arrays[name + ".b"], arrays[name + ".v"]
+        if bits.dtype != np.uint8 or bits.shape != (-(-like.size // 8),) or values.ndim != 1:
+            raise ValueError(f"delta's {name} does not fit this model (bitmap)")
+        idx = np.empty(len(values), np.int64)
+        if _bit_indices(bits, like.size, idx) != len(values) or not _fits(values, like):
+            raise ValueError(f"delta's {name} does not fit this model (bitmap or dtype)")
+        return idx, values
     if name + ".i" not in arrays:
         return None
     idx = np.cumsum(arrays[name + ".i"], dtype=np.int64)
@@ -110,9 +160,8 @@ def _fits(values: np.ndarray, like: np.ndarray) -> bool:
     return values.dtype == like.dtype or (values.dtype == np.float16 and like.dtype == np.float32)
 
 
-def add_entries(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) -> None:
-    """target += the entries ``publish`` wrote under ``name`` (in place)."""
-    found = entries_of(arrays, name, target)
+def add_entries(target: np.ndarray, found) -> None:
+    """target += the entries ``entries_of`` found (in place; None: nothing)."""
     if found is None:
         return
     idx, values = found
@@ -248,16 +297,13 @@ class ModelReplica:
         """Add another replica's ``take`` to the model and to the base (ValueError if it does not
         fit this model's shape; then nothing has changed)."""
         m = self.model
-        self._check(arrays)
-        for cells, bias, stats, counters, dp_steps in (
-                (m.vectors.cells, m.biases.cells, m.stats, m.counters, m.dp_steps),
-                (self._cells, self._bias, self._stats, self._counters, self._dp_steps)):
-            add_entries(cells, arrays, "cells")
-            add_entries(bias, arrays, "bias")
-            add_entries(counters, arrays, "counters")
-            add_entries(dp_steps, arrays, "dp_steps")
+        found = self._check(arrays)
+        for targets in ((m.vectors.cells, m.biases.cells, m.counters, m.dp_steps, m.stats),
+                        (self._cells, self._bias, self._counters, self._dp_steps, self._stats)):
+            for target, entries in zip(targets, found):
+                add_entries(target, entries)
             if "stats" in arrays:
-                merge_stats(stats, arrays["stats"])
+                merge_stats(targets[-1], arrays["stats"])
         if self.slots is None:
             return
         bases = (self._cells, self._bias)
@@ -268,11 +314,12 @@ class ModelReplica:
             self.slots.route(arrays["slot_keys"], arrays["slot_families"], arrays["slot_rows"], bases)
         self.slots.refresh()
 
-    def _check(self, arrays: dict[str, np.ndarray]) -> None:
+    def _check(self, arrays: dict[str, np.ndarray]) -> list:
+        """The delta's cell, bias, counter and DP-step entries (``entries_of``), checked."""
         m = self.model
-        for name, like in (("cells", m.vectors.cells), ("bias", m.biases.cells),
-                           ("counters", m.counters), ("dp_steps", m.dp_steps)):
-            entries_of(arrays, name, like)
+        found = [entries_of(arrays, name, like) for name, like in (
+            ("cells", m.vectors.cells), ("bias", m.biases.cells), ("counters", m.counters),
+            ("dp_steps", m.dp_steps))]
         if "stats" in arrays and arrays["stats"].shape != (4,):
             raise ValueError("delta's stats do not fit this model")
         for prefix, width in (("slot", m.dim + 1), ("announce", None)):
@@ -286,6 +333,7 @@ class ModelReplica:
                     or (width and (arrays["slot_rows"].shape != (len(keys), width)
                                    or arrays["slot_rows"].dtype not in (np.float32, np.float16)))):
                 raise ValueError(f"delta's {prefix} ids do not fit this model")
+        return found
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:
@@ -298,6 +346,8 @@ def _indices(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
     """The flat indices ``publish`` wrote under ``name``."""
     if name + ".d" in arrays:
         return np.flatnonzero(arrays[name + ".d"])
+    if name + ".b" in arrays:
+        return np.flatnonzero(np.unpackbits(arrays[name + ".b"], bitorder="little"))
     return np.cumsum(arrays[name + ".i"], dtype=np.int64) if name + ".i" in arrays else np.empty(0, np.int64)
 
 

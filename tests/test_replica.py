@@ -167,3 +167,13 @@ def test_half_precision_deltas_are_smaller_and_lose_nothing_after_a_flush(stream
         np.testing.assert_allclose(b.predict_many(users[:1000], items[:1000]),
                                    a.predict_many(users[:1000], items[:1000]), rtol=0, atol=1e-6)
     assert sizes["float16"] < 0.75 * sizes["float32"]
+
+
+def test_a_bitmap_that_does_not_match_its_values_is_refused():
+    from sketchrec.models.replica import encode_entries, entries_of
+    like = np.zeros(100, np.float32)
+    good = encode_entries("x", np.arange(0, 100, 3), np.ones(34, np.float32), 100)
+    assert "x.b" in good and entries_of(good, "x", like)[0].tolist() == list(range(0, 100, 3))
+    for bad in ({**good, "x.v": good["x.v"][1:]}, {**good, "x.b": good["x.b"] | np.uint8(0x80)}):
+        with pytest.raises(ValueError, match="bitmap"):
+            entries_of(bad, "x", like)
