@@ -192,7 +192,7 @@ class ModelReplica:
     """
 
     def __init__(self, model, admit_after: int = 8, precision: str = "float32",
-                 tracked: bool = False):
+                 tracked: bool = False, deferred: bool = False):
         if precision not in ("float32", "float16"):
             raise ValueError("precision must be float32 or float16")
         self.dtype = np.float16 if precision == "float16" else None
@@ -209,6 +209,9 @@ class ModelReplica:
         # float16: where the last take left rounding behind (compared again at the next take)
         self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
         self._masks: tuple | None = None
+        # deferred: a take leaves the held slots' rows stale, for the next apply, or ready()
+        # before the next learned batch, to refresh (one refresh where there were two)
+        self.deferred, self.stale = deferred, False
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
         """Record the ids of a learned batch (all rows, canaries included) for ``tracked``: an id
@@ -289,8 +292,17 @@ class ModelReplica:
             out.update({"announce_keys": keys, "announce_families": families.astype(np.uint8)})
             self.slots.admit(keys, families.astype(np.uint8), (self._cells, self._bias))
         if self.slots is not None and out:
-            self.slots.refresh()
+            self.stale = True
+            if not self.deferred:
+                self.ready()
         return out
+
+    def ready(self) -> None:
+        """Refresh the held slots' rows if a deferred take left them stale: before the model
+        learns again, and before its state is read as a whole (digest, snapshot)."""
+        if self.stale:
+            self.slots.refresh()
+            self.stale = False
 
     # --- apply --------------------------------------------------------------------------------------
     def apply(self, arrays: dict[str, np.ndarray]) -> None:
@@ -312,7 +324,8 @@ class ModelReplica:
                 self.slots.admit(arrays[prefix + "_keys"], arrays[prefix + "_families"], bases)
         if "slot_keys" in arrays:
             self.slots.route(arrays["slot_keys"], arrays["slot_families"], arrays["slot_rows"], bases)
-        self.slots.refresh()
+        self.stale = True
+        self.ready()
 
     def _check(self, arrays: dict[str, np.ndarray]) -> list:
         """The delta's cell, bias, counter and DP-step entries (``entries_of``), checked."""

@@ -51,8 +51,10 @@ recommender takes it as published. Making a tracker turns the model's heavy filt
 (``models.fleet_slots``: frozen counts, one-way; a plain learner's results are unchanged as long
 as no tracker is made). Costs: ``take`` compares only the cells addressed by the
 ids learned outside a heavy slot and the slots of the ids learned in one (seen through
-``recommender.observers``), in one compiled pass; ``apply`` the delta's size; both refresh the
-held slots (``models.fleet_slots``: depth x light_dim reads each, one compiled pass) and, at most
+``recommender.observers``), in one compiled pass; ``apply`` the delta's size; ``apply``
+refreshes the held slots (``models.fleet_slots``: depth x light_dim reads each, one compiled
+pass), a ``take`` leaves that to the next apply, learned batch (``recommender.before_learning``)
+or ``settle`` (until then readers see the held slots as they were before it); both, at most
 every ``RERANK_S``, re-rank the popular list over the catalogue (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default
 heavy fraction, sketch sized for its 2,625 ids): 274 bytes per rating (float32; 170 with
 ``precision="float16"``; 47 at 10,000-rating takes). With a model sized for 100,000 ids (27 MB)
@@ -113,13 +115,15 @@ class DeltaTracker:
         self.applied: dict[str, int] = {}    # member -> last sequence number applied
         if recommender.popularity.sketch.conservative:
             raise ValueError("replicas need a plain count-min sketch (conservative updates do not add)")
-        self._model = ModelReplica(recommender.model, admit_after, precision, tracked=True)
+        self._model = ModelReplica(recommender.model, admit_after, precision, tracked=True,
+                                   deferred=True)
         self._params = _params_digest(recommender.model)
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
         self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
         self._received: set = set()                    # items after that which came by apply
         self._rerank, self._reranked_at = False, 0.0    # popular list: counts moved since / when
         recommender.observers.append(self._observe)
+        recommender.before_learning.append(self._model.ready)   # held slots' rows up to date
 
     def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
         """A learned batch: every row moved the model, the real ones (no canaries) also serve."""
@@ -189,8 +193,10 @@ class DeltaTracker:
 
     def settle(self) -> None:
         """Re-rank the popular list if counts moved since the last re-rank (``take`` and
-        ``apply`` do it at most every ``RERANK_S``): replicas that applied the same deltas and
-        settled list the same popular items."""
+        ``apply`` do it at most every ``RERANK_S``), and refresh the held slots' rows if a take
+        left them stale (the next apply or learned batch does it otherwise): replicas that
+        applied the same deltas and settled hold the same state and list the same popular items."""
+        self._model.ready()
         if self._rerank:
             rerank_popular(self.rec)
             self._rerank, self._reranked_at = False, time.monotonic()
