@@ -32,12 +32,14 @@ from numba import njit
 
 from sketchrec.models.base import ITEM, USER
 from sketchrec.models.heavy_filter import _FAMILY_SALT, WAYS, bucket_starts
+from sketchrec.sketches import bloom, count_min
 from sketchrec.sketches.bloom import BloomFilter
 from sketchrec.sketches.count_min import CountMinSketch
 from sketchrec.sketches.count_sketch import gather_mean, gather_rows, locate, scatter_add, scatter_rows
 
 FROZEN = 1 << 62   # every slot's count in fleet mode: RAP never exchanges against it
 FREE = 2           # family of an empty slot in fleet mode (find() matches no id to it)
+FAMILIES = (USER, ITEM)
 
 
 class FleetSlots:
@@ -57,20 +59,32 @@ class FleetSlots:
         self._sightings = CountMinSketch(width=2 * n, depth=3, seed=7)
         self._announced = BloomFilter(4 * n, 0.01, seed=8)
         self.pending: list[tuple[int, int]] = []   # (key, family) announced, not yet published
+        self._observed: list[tuple[np.ndarray, np.ndarray]] = []   # batches not yet counted
         self.spilled: list[tuple[int, int]] = []   # evicted with unpublished changes (to cells)
 
     # --- local stream -------------------------------------------------------------------------------
     def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:  # real rows only
-        """Count a learned batch's ids; those seen ``admit_after`` times are to be announced."""
-        for family, keys in ((USER, ukeys), (ITEM, ikeys)):
-            salted = np.unique(np.asarray(keys, dtype=np.uint64)) ^ _FAMILY_SALT[family]
-            if not len(salted):
-                continue
-            self._sightings.add_many(np.asarray(keys, dtype=np.uint64) ^ _FAMILY_SALT[family])
-            due = salted[self._sightings.estimate_many(salted) >= self.threshold()]
-            due = due[~self._announced.contains_many(due)]
-            self._announced.add_many(due)
-            self.pending.extend((int(k ^ _FAMILY_SALT[family]), family) for k in due)
+        """Count a learned batch's ids (at the next ``announce``)."""
+        self._observed.append((np.asarray(ukeys, dtype=np.uint64), np.asarray(ikeys, dtype=np.uint64)))
+
+    def announce(self) -> None:
+        """The ids observed since the last call that have been seen ``threshold()`` times go to
+        ``pending``: batch by batch, users then items, as if each were counted as it came (one
+        compiled pass; a take calls it before it reads ``pending``)."""
+        if not self._observed:
+            return
+        segments = [keys for batch in self._observed for keys in batch]
+        self._observed = []
+        keys = np.concatenate(segments)
+        ends = np.cumsum([len(k) for k in segments])
+        families = np.tile(np.array(FAMILIES, np.uint8), len(segments) // 2)
+        out_keys, out_families = np.empty(len(keys), np.uint64), np.empty(len(keys), np.uint8)
+        cms, bloom = self._sightings, self._announced
+        n, cms.total = _announce(keys, ends, families, _FAMILY_SALT, cms.cells, cms._salts,
+                                 cms.total, self.admit_after, max(1, self.model.heavy.n_slots),
+                                 bloom.cells, bloom._salt1, bloom._salt2, bloom.n_hashes,
+                                 bloom.m_bits, out_keys, out_families)
+        self.pending.extend(zip(out_keys[:n].tolist(), out_families[:n].tolist()))
 
     def threshold(self) -> int:
         """Sightings that make an id due: ``admit_after``, or the mean sightings per slot once
@@ -291,3 +305,41 @@ def _after(a, b, slot_keys, slot_families):
     if free_a != free_b:
         return free_a
     return _before(slot_keys[b], slot_families[b], slot_keys[a], slot_families[a])
+
+
+@njit(nogil=True, cache=True)
+def _announce(keys, ends, families, family_salt, cms_cells, cms_salts, total, admit_after,
+              n_slots, words, salt1, salt2, n_hashes, m_bits, out_keys, out_families):
+    """``FleetSlots.announce`` over segments of ``keys`` (ending at ``ends``, one family each):
+    each segment's keys are counted in the sightings count-min, then its distinct keys (in key
+    order) whose count reaches the threshold and that the announced Bloom filter does not hold
+    are added to it and written out. Returns (how many, the count-min's new total)."""
+    ones = np.ones(keys.shape[0], np.int64)
+    n_out, start = 0, 0
+    for seg in range(ends.shape[0]):
+        end, salt = ends[seg], family_salt[families[seg]]
+        if end == start:
+            continue
+        salted = keys[start:end] ^ salt
+        count_min._add_many(cms_cells, cms_salts, salted, ones[:end - start], False)
+        total += end - start
+        threshold = max(admit_after, -(-total // n_slots))
+        raw = np.sort(keys[start:end])
+        distinct = np.empty(raw.shape[0], np.uint64)
+        n = 0
+        for i in range(raw.shape[0]):
+            if i == 0 or raw[i] != raw[i - 1]:
+                distinct[n] = raw[i] ^ salt
+                n += 1
+        counts = np.empty(n, np.int64)
+        count_min._estimate_many(cms_cells, cms_salts, distinct[:n], counts)
+        due = distinct[:n][counts >= threshold]
+        known = np.empty(due.shape[0], np.bool_)
+        bloom._contains_many(words, due, salt1, salt2, n_hashes, m_bits, known)
+        due = due[~known]
+        bloom._add_many(words, due, salt1, salt2, n_hashes, m_bits)
+        for k in due:
+            out_keys[n_out], out_families[n_out] = k ^ salt, families[seg]
+            n_out += 1
+        start = end
+    return n_out, total

@@ -127,10 +127,11 @@ class DeltaTracker:
 
     def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
         """A learned batch: every row moved the model, the real ones (no canaries) also serve."""
-        self._model.touched(ukeys.copy(), ikeys.copy())
+        ukeys, ikeys = ukeys.copy(), ikeys.copy()   # kept until the next take
+        self._model.touched(ukeys, ikeys)
         ukeys, ikeys = ukeys[real], ikeys[real]
         self._model.observe(ukeys, ikeys)
-        self._seen.append((ukeys.copy(), ikeys.copy()))
+        self._seen.append((ukeys, ikeys))
 
     # --- publish ------------------------------------------------------------------------------------
     def take(self, meta: dict | None = None) -> bytes | None:
