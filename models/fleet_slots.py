@@ -103,15 +103,18 @@ class FleetSlots:
         ``slots``: the held slots that can have changed (default: all)."""
         h = self.model.heavy
         slots = self.held() if slots is None else slots
-        change = h.cells[slots] - self.view[slots]
-        if dtype is not None:
-            change = change.astype(dtype)
-        moved = np.flatnonzero(change.any(axis=1))
-        slots, change = slots[moved], change[moved]
-        self.S[slots] += change
-        # float32: the view becomes the slot (view + change may differ in its last bit)
-        self.view[slots] = h.cells[slots] if dtype is None else self.view[slots] + change
-        return h.keys[slots].copy(), h.families[slots].copy(), change
+        moved = np.empty(len(slots), np.int64)
+        slots = moved[:_changed(h.cells, self.view, slots, moved)]   # those learned on
+        if dtype is None:  # float32: the view becomes the slot (view + change may differ in its last bit)
+            change = np.empty((len(slots), h.cells.shape[1]), np.float32)
+            _harvest(h.cells, self.view, self.S, slots, change)
+        else:
+            change = (h.cells[slots] - self.view[slots]).astype(dtype)
+            moved = np.flatnonzero(change.any(axis=1))
+            slots, change = slots[moved], change[moved]
+            self.S[slots] += change
+            self.view[slots] += change
+        return h.keys[slots], h.families[slots], change
 
     def refresh(self, slots: np.ndarray | None = None) -> None:
         """Slot rows = S + the ids' current estimates (+ local learning not yet harvested), for
@@ -343,3 +346,27 @@ def _announce(keys, ends, families, family_salt, cms_cells, cms_salts, total, ad
             n_out += 1
         start = end
     return n_out, total
+
+
+@njit(nogil=True, cache=True)
+def _changed(rows, view, slots, out):
+    """The slots whose row differs from its view, into ``out``; how many."""
+    n = 0
+    for s in slots:
+        for l in range(rows.shape[1]):
+            if rows[s, l] - view[s, l] != 0:
+                out[n] = s
+                n += 1
+                break
+    return n
+
+
+@njit(nogil=True, cache=True)
+def _harvest(rows, view, S, slots, change):
+    """``harvest`` in float32: change = row - view, S += change, view = row (numpy's arithmetic)."""
+    for n in range(slots.shape[0]):
+        s = slots[n]
+        for l in range(rows.shape[1]):
+            change[n, l] = rows[s, l] - view[s, l]
+            S[s, l] += change[n, l]
+            view[s, l] = rows[s, l]
