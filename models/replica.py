@@ -231,9 +231,11 @@ class ModelReplica:
     def _full(self) -> bool:
         """Whether the cells the rows touched since the last take address (with repeats) are as
         many as there are cells: a full pass then costs no more than finding them (ML-100k,
-        2,000-rating takes: ~70% of the cells move)."""
+        2,000-rating takes: ~70% of the cells move). Never with float16, whose rounding (in
+        numpy) costs more per entry than the finding."""
         salts = self.model.store.salts
-        return self._rows * 2 * salts.shape[1] * salts.shape[2] >= self.model.vectors.cells.size
+        return (self.dtype is None and self._rows * 2 * salts.shape[1] * salts.shape[2]
+                >= self.model.vectors.cells.size)
 
     def _sort_touched(self) -> None:
         """The ids of the batches touched since the last change of membership, by whether they
