@@ -108,20 +108,21 @@ def _set_bits(bits, idx):
 
 @njit(nogil=True, cache=True)
 def _bit_indices(bits, size, out):
-    """The set bits' indices into ``out``; returns how many, or more than ``out`` holds when
-    the bits do not match it (one set at or after ``size``, or too many: a bad delta)."""
-    n = 0
+    """The set bits' indices into ``out`` (8 entries longer than their number); returns how
+    many, or more than ``out`` holds less 8 when the bits do not match it (one set at or after
+    ``size``, or too many: a bad delta)."""
+    n, limit = 0, out.shape[0] - 8
     for byte in range(bits.shape[0]):
         b = np.int64(bits[byte])
         if b == 0:
             continue
-        for k in range(8):
-            if (b >> k) & 1:
-                i = byte * 8 + k
-                if i >= size or n >= out.shape[0]:
-                    return out.shape[0] + 1
-                out[n] = i
-                n += 1
+        if n > limit:
+            return limit + 1
+        for k in range(8):  # no branch per bit (most bytes have several set): written, kept if set
+            out[n] = byte * 8 + k
+            n += (b >> k) & 1
+    if n and out[n - 1] >= size:
+        return limit + 1
     return n
 
 
@@ -143,10 +144,10 @@ def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
         bits, values = arrays[name + ".b"], arrays[name + ".v"]
         if bits.dtype != np.uint8 or bits.shape != (-(-like.size // 8),) or values.ndim != 1:
             raise ValueError(f"delta's {name} does not fit this model (bitmap)")
-        idx = np.empty(len(values), np.int64)
+        idx = np.empty(len(values) + 8, np.int64)
         if _bit_indices(bits, like.size, idx) != len(values) or not _fits(values, like):
             raise ValueError(f"delta's {name} does not fit this model (bitmap or dtype)")
-        return idx, values
+        return idx[:len(values)], values
     if name + ".i" not in arrays:
         return None
     idx = np.cumsum(arrays[name + ".i"], dtype=np.int64)
@@ -242,7 +243,7 @@ class ModelReplica:
         are held (before ids are admitted or evicted)."""
         if not self._batches:
             return
-        ukeys, ikeys = (_distinct(np.concatenate(keys)) for keys in zip(*self._batches))
+        ukeys, ikeys = (distinct(np.concatenate(keys)) for keys in zip(*self._batches))
         self._batches = []
         if self.slots is None:
             self._touched.append((ukeys, ikeys, _EMPTY, _EMPTY))
@@ -271,7 +272,7 @@ class ModelReplica:
             self.slots.spilled = []
             touched.append((keys[families == USER], keys[families == ITEM], _EMPTY, _EMPTY))
         self._touched = []
-        keys = [_distinct(np.concatenate([t[n] for t in touched])) for n in range(4)]
+        keys = [distinct(np.concatenate([t[n] for t in touched])) for n in range(4)]
         if self._masks is None:  # reused: allocating and zeroing one per take costs more
             self._masks = (np.zeros(m.vectors.cells.size, bool), np.zeros(m.biases.cells.size, bool))
         where = []
@@ -287,7 +288,7 @@ class ModelReplica:
         if self.slots is not None:
             slots = np.concatenate([self.slots.locate(keys[2 + n], np.full(len(keys[2 + n]), f, np.uint8))
                                     for n, f in enumerate(FAMILIES)] + [self.slots.locate(*self._carry[2:])])
-            slots = _distinct(slots[slots >= 0])
+            slots = distinct(slots[slots >= 0])
         return where[0], where[1], slots
 
     def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
@@ -385,7 +386,7 @@ class ModelReplica:
         return found
 
 
-def _distinct(values: np.ndarray) -> np.ndarray:
+def distinct(values: np.ndarray) -> np.ndarray:
     """Sorted distinct values (np.unique's hash path is slow on uint64/int64 keys)."""
     values = np.sort(values)
     return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values

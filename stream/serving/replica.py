@@ -80,7 +80,7 @@ import zlib
 
 import numpy as np
 
-from sketchrec.models.replica import ModelReplica
+from sketchrec.models.replica import ModelReplica, distinct
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import as_keys, pair_keys
 
@@ -143,8 +143,8 @@ class DeltaTracker:
             ukeys, ikeys = (np.concatenate(keys) for keys in zip(*self._seen))
             self._seen = []
             items, counts = np.unique(ikeys, return_counts=True)
-            arrays.update({"seen_pairs": np.unique(pair_keys(ukeys, ikeys)),
-                           "seen_users": np.unique(ukeys), "seen_items": items,
+            arrays.update({"seen_pairs": distinct(pair_keys(ukeys, ikeys)),
+                           "seen_users": distinct(ukeys), "seen_items": items,
                            "seen_counts": counts.astype(np.uint32)})
         ids, _ = rec.catalogue.snapshot()
         new_ids = [i for i in ids[self._n_items:] if i not in self._received]
@@ -267,15 +267,16 @@ def _encode(header: dict, arrays: dict[str, np.ndarray], compress: str) -> bytes
     ordered.update((name, arrays[name]) for name in floats)
     body = serial.pack(_KIND, header, ordered)
     split = len(body) - sum(arrays[name].nbytes for name in floats)
-    codec, head = RAW, body[:split]
+    view = memoryview(body)   # slices without copies
+    codec, head = RAW, view[:split]
     if compress == "zstd" and zstandard is not None:
         codec, head = ZSTD, zstandard.ZstdCompressor(level=1).compress(head)
     elif compress != "none":
         codec, head = ZLIB, zlib.compress(head, 6)
     if len(head) >= split:
-        codec, head = RAW, body[:split]
+        codec, head = RAW, view[:split]
     return b"".join([MAGIC, struct.pack("<BBII", VERSION, codec, zlib.crc32(body), len(head)),
-                     head, body[split:]])
+                     head, view[split:]])
 
 
 def _params_digest(model) -> str:
