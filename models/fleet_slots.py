@@ -165,7 +165,12 @@ class FleetSlots:
         m = self.model
         slots = self.locate(keys, families)
         inside = slots >= 0
-        self.S[slots[inside]] += rows[inside]
+        if rows.dtype == np.float32:   # the usual case, in one pass (distinct slots: as numpy's)
+            _add_rows(self.S, slots, rows)
+        else:
+            self.S[slots[inside]] += rows[inside]
+        if inside.all():
+            return
         for family in (USER, ITEM):
             out = np.flatnonzero(~inside & (families == family))
             salts, bsalts = m.store.salts[family], m.store.bias_salts[family]
@@ -370,3 +375,12 @@ def _harvest(rows, view, S, slots, change):
             change[n, l] = rows[s, l] - view[s, l]
             S[s, l] += change[n, l]
             view[s, l] = rows[s, l]
+
+
+@njit(nogil=True, cache=True)
+def _add_rows(S, slots, rows):
+    """S[slot] += row where the slot is held (>= 0)."""
+    for n in range(slots.shape[0]):
+        if slots[n] >= 0:
+            for l in range(rows.shape[1]):
+                S[slots[n], l] += rows[n, l]
