@@ -51,15 +51,20 @@ recommender takes it as published. Making a tracker turns the model's heavy filt
 (``models.fleet_slots``: frozen counts, one-way; a plain learner's results are unchanged as long
 as no tracker is made). Costs: ``take`` compares only the cells addressed by the
 ids learned outside a heavy slot and the slots of the ids learned in one (seen through
-``recommender.observers``), in one compiled pass; ``apply`` the delta's size; ``apply``
-refreshes the held slots (``models.fleet_slots``: depth x light_dim reads each, one compiled
-pass), a ``take`` leaves that to the next apply, learned batch (``recommender.before_learning``)
-or ``settle`` (until then readers see the held slots as they were before it); both, at most
-every ``RERANK_S``, re-rank the popular list over the catalogue (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default
-heavy fraction, sketch sized for its 2,625 ids): 274 bytes per rating (float32; 170 with
-``precision="float16"``; 47 at 10,000-rating takes). With a model sized for 100,000 ids (27 MB)
-and 500-rating takes, a take costs ~9 ms and an apply ~6 ms against ~3.5 ms to learn the 500
-ratings (docs/scaling.md).
+``recommender.observers``, which only record each batch; the ids are sorted by slot when
+membership is about to change, and counted for announcements at the take), in one compiled
+pass, or every cell in one branch-free pass once the rows learned since the last take address
+as many cells as the model has (float32; ML-100k at 2,000-rating takes moves ~70% of them);
+``apply`` the delta's size; ``apply`` refreshes the held slots (``models.fleet_slots``: depth x
+light_dim reads each, one compiled pass), a ``take`` leaves that to the next apply, learned batch
+(``recommender.before_learning``), ``ready`` or ``settle`` (until then readers see the held slots
+as they were before it: a fleet member calls ``ready`` when it polls); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
+(O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default heavy fraction,
+sketch sized for its 2,625 ids): 288 bytes per rating (float32; 182 with
+``precision="float16"``; 50 at 10,000-rating takes; 277, 170 and 47 when the float changes
+were compressed too). With a model sized for 100,000 ids (27 MB) and 500-rating takes (2
+members, in-process), a take costs ~3.5 ms and an apply ~4.5 ms against ~2 ms to learn the 500
+ratings (before: ~7 and ~5 ms against ~2.6; docs/scaling.md).
 
 Format (version 2): ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), the
 CRC-32 of the uncompressed body and the length of its packed head (u32 each, little-endian), the
@@ -124,7 +129,7 @@ class DeltaTracker:
         self._received: set = set()                    # items after that which came by apply
         self._rerank, self._reranked_at = False, 0.0    # popular list: counts moved since / when
         recommender.observers.append(self._observe)
-        recommender.before_learning.append(self._model.ready)   # held slots' rows up to date
+        recommender.before_learning.append(self.ready)   # held slots' rows up to date
 
     def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
         """A learned batch: every row moved the model, the real ones (no canaries) also serve."""
@@ -193,12 +198,17 @@ class DeltaTracker:
         if time.monotonic() - self._reranked_at >= RERANK_S:
             self.settle()
 
+    def ready(self) -> None:
+        """Refresh the held slots if a take left them stale (cheap otherwise): what a caller
+        does that serves this replica and will not learn or apply soon (``settle`` does it too)."""
+        self._model.ready()
+
     def settle(self) -> None:
         """Re-rank the popular list if counts moved since the last re-rank (``take`` and
         ``apply`` do it at most every ``RERANK_S``), and refresh the held slots' rows if a take
         left them stale (the next apply or learned batch does it otherwise): replicas that
         applied the same deltas and settled hold the same state and list the same popular items."""
-        self._model.ready()
+        self.ready()
         if self._rerank:
             rerank_popular(self.rec)
             self._rerank, self._reranked_at = False, time.monotonic()
