@@ -14,8 +14,9 @@ orders would then hold different ids, and different values, in their slots. In f
   nothing (S = 0); eviction adds S to the id's cells (its estimate grows by exactly S). Learning
   on a held id adds to its S (published per id), learning on any other id adds to the cells.
 - The kernels read a slot as the whole vector (``models._sgd``), so the slot row holds the *view*
-  S + estimate, refreshed at every take and apply: O(held x depth x light_dim) in one compiled
-  pass, ~0.3 ms for ML-100k's held slots at d = 64.
+  S + estimate, refreshed at every apply and after a take (by the replica: at once, or before
+  it learns again, ``models.replica.ModelReplica.ready``): O(held x depth x light_dim) in one
+  compiled pass, ~0.3 ms for ML-100k's held slots at d = 64. Admitted ids get theirs at once.
 
 So the cells, each held id's S and the membership are the same function of the set of applied
 deltas on every replica (up to float rounding), and so is every prediction after a refresh.
@@ -31,12 +32,14 @@ from numba import njit
 
 from sketchrec.models.base import ITEM, USER
 from sketchrec.models.heavy_filter import _FAMILY_SALT, WAYS, bucket_starts
+from sketchrec.sketches import bloom, count_min
 from sketchrec.sketches.bloom import BloomFilter
 from sketchrec.sketches.count_min import CountMinSketch
-from sketchrec.sketches.count_sketch import gather_mean, gather_rows, locate, scatter_rows
+from sketchrec.sketches.count_sketch import gather_mean, gather_rows, locate, scatter_add, scatter_rows
 
 FROZEN = 1 << 62   # every slot's count in fleet mode: RAP never exchanges against it
 FREE = 2           # family of an empty slot in fleet mode (find() matches no id to it)
+FAMILIES = (USER, ITEM)
 
 
 class FleetSlots:
@@ -56,20 +59,32 @@ class FleetSlots:
         self._sightings = CountMinSketch(width=2 * n, depth=3, seed=7)
         self._announced = BloomFilter(4 * n, 0.01, seed=8)
         self.pending: list[tuple[int, int]] = []   # (key, family) announced, not yet published
+        self._observed: list[tuple[np.ndarray, np.ndarray]] = []   # batches not yet counted
         self.spilled: list[tuple[int, int]] = []   # evicted with unpublished changes (to cells)
 
     # --- local stream -------------------------------------------------------------------------------
     def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:  # real rows only
-        """Count a learned batch's ids; those seen ``admit_after`` times are to be announced."""
-        for family, keys in ((USER, ukeys), (ITEM, ikeys)):
-            salted = np.unique(np.asarray(keys, dtype=np.uint64)) ^ _FAMILY_SALT[family]
-            if not len(salted):
-                continue
-            self._sightings.add_many(np.asarray(keys, dtype=np.uint64) ^ _FAMILY_SALT[family])
-            due = salted[self._sightings.estimate_many(salted) >= self.threshold()]
-            due = due[~self._announced.contains_many(due)]
-            self._announced.add_many(due)
-            self.pending.extend((int(k ^ _FAMILY_SALT[family]), family) for k in due)
+        """Count a learned batch's ids (at the next ``announce``)."""
+        self._observed.append((np.asarray(ukeys, dtype=np.uint64), np.asarray(ikeys, dtype=np.uint64)))
+
+    def announce(self) -> None:
+        """The ids observed since the last call that have been seen ``threshold()`` times go to
+        ``pending``: batch by batch, users then items, as if each were counted as it came (one
+        compiled pass; a take calls it before it reads ``pending``)."""
+        if not self._observed:
+            return
+        segments = [keys for batch in self._observed for keys in batch]
+        self._observed = []
+        keys = np.concatenate(segments)
+        ends = np.cumsum([len(k) for k in segments])
+        families = np.tile(np.array(FAMILIES, np.uint8), len(segments) // 2)
+        out_keys, out_families = np.empty(len(keys), np.uint64), np.empty(len(keys), np.uint8)
+        cms, bloom = self._sightings, self._announced
+        n, cms.total = _announce(keys, ends, families, _FAMILY_SALT, cms.cells, cms._salts,
+                                 cms.total, self.admit_after, max(1, self.model.heavy.n_slots),
+                                 bloom.cells, bloom._salt1, bloom._salt2, bloom.n_hashes,
+                                 bloom.m_bits, out_keys, out_families)
+        self.pending.extend(zip(out_keys[:n].tolist(), out_families[:n].tolist()))
 
     def threshold(self) -> int:
         """Sightings that make an id due: ``admit_after``, or the mean sightings per slot once
@@ -88,20 +103,25 @@ class FleetSlots:
         ``slots``: the held slots that can have changed (default: all)."""
         h = self.model.heavy
         slots = self.held() if slots is None else slots
-        change = h.cells[slots] - self.view[slots]
-        if dtype is not None:
-            change = change.astype(dtype)
-        moved = np.flatnonzero(change.any(axis=1))
-        slots, change = slots[moved], change[moved]
-        self.S[slots] += change
-        # float32: the view becomes the slot (view + change may differ in its last bit)
-        self.view[slots] = h.cells[slots] if dtype is None else self.view[slots] + change
-        return h.keys[slots].copy(), h.families[slots].copy(), change
+        moved = np.empty(len(slots), np.int64)
+        slots = moved[:_changed(h.cells, self.view, slots, moved)]   # those learned on
+        if dtype is None:  # float32: the view becomes the slot (view + change may differ in its last bit)
+            change = np.empty((len(slots), h.cells.shape[1]), np.float32)
+            _harvest(h.cells, self.view, self.S, slots, change)
+        else:
+            change = (h.cells[slots] - self.view[slots]).astype(dtype)
+            moved = np.flatnonzero(change.any(axis=1))
+            slots, change = slots[moved], change[moved]
+            self.S[slots] += change
+            self.view[slots] += change
+        return h.keys[slots], h.families[slots], change
 
-    def refresh(self) -> None:
-        """Slot rows = S + the ids' current estimates (+ local learning not yet harvested)."""
+    def refresh(self, slots: np.ndarray | None = None) -> None:
+        """Slot rows = S + the ids' current estimates (+ local learning not yet harvested), for
+        ``slots`` (default: every held one)."""
         m, h = self.model, self.model.heavy
-        _refresh(h.cells, self.view, self.S, h.keys, h.families, self.held(), m.vectors.cells,
+        _refresh(h.cells, self.view, self.S, h.keys, h.families,
+                 self.held() if slots is None else slots, m.vectors.cells,
                  m.store.salts, m.biases.cells, m.store.bias_salts)
 
     def _estimates(self, slots: np.ndarray) -> np.ndarray:
@@ -127,60 +147,30 @@ class FleetSlots:
     def admit(self, keys: np.ndarray, families: np.ndarray, bases: tuple) -> None:
         """Announced ids join their buckets, which keep their WAYS smallest (key, family); an id
         pushed out goes to the cells (and to ``bases``, the published copies of the cells,
-        alike: every replica does this itself, so it is not published)."""
-        h = self.model.heavy
-        new = self.locate(keys, families) < 0
-        keys, families = keys[new], families[new]
-        starts = bucket_starts(keys, families, h.n_slots)
-        touched = set()
-        for key, family, start in zip(keys.tolist(), families.tolist(), starts.tolist()):
-            entries = [(int(h.keys[s]), int(h.families[s]), s) for s in range(start, start + WAYS)
-                       if h.families[s] != FREE]
-            if (key, family) in {(k, f) for k, f, _ in entries}:
-                continue  # announced twice in this batch
-            if len(entries) < WAYS:
-                slot = next(s for s in range(start, start + WAYS) if h.families[s] == FREE)
-            else:
-                largest = max(entries)
-                if (key, family) > largest[:2]:
-                    continue  # pushed out at once: it never holds a slot
-                slot = largest[2]
-                self._evict(slot, bases)
-            h.keys[slot], h.families[slot] = key, family
-            self.S[slot], self.view[slot], h.cells[slot] = 0.0, 0.0, 0.0
-            touched.add(start)
-        for start in touched:
-            self._sort_bucket(start)
-
-    def _evict(self, slot: int, bases: tuple) -> None:
+        alike: every replica does this itself, so it is not published). One compiled pass."""
         m, h = self.model, self.model.heavy
-        key, family = h.keys[slot:slot + 1], int(h.families[slot])
-        local = h.cells[slot] - self.view[slot]   # not yet published: goes out as a cell delta
-        if local.any():
-            self.spilled.append((int(key[0]), family))
-        salts, bsalts = m.store.salts[family], m.store.bias_salts[family]
-        light = salts.shape[1]
-        for cells, bias, row in ((m.vectors.cells, m.biases.cells, self.S[slot] + local),
-                                 (*bases, self.S[slot])):
-            scatter_rows(cells, salts, key, row[None, :light])
-            scatter_rows(bias, bsalts, key, row[None, m.dim:])
-        h.keys[slot], h.families[slot] = 0, FREE
-        self.S[slot], self.view[slot], h.cells[slot] = 0.0, 0.0, 0.0
-
-    def _sort_bucket(self, start: int) -> None:
-        """Held ids in (key, family) order, free slots last: the same layout on every replica."""
-        h = self.model.heavy
-        ways = np.arange(start, start + WAYS)
-        order = ways[np.lexsort((h.families[ways], h.keys[ways], h.families[ways] == FREE))]
-        for arr in (h.keys, h.families, h.cells, self.S, self.view):
-            arr[ways] = arr[order]
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        families = np.ascontiguousarray(families, dtype=np.uint8)
+        spilled, placed = np.empty((len(keys), 2), np.uint64), np.zeros(len(keys), bool)
+        n = _admit(h.keys, h.families, h.cells, self.S, self.view, keys, families,
+                   bucket_starts(keys, families, h.n_slots), m.vectors.cells, m.store.salts,
+                   m.biases.cells, m.store.bias_salts, bases[0], bases[1], spilled, placed)
+        self.spilled.extend((int(k), int(f)) for k, f in spilled[:n].tolist())
+        if placed.any():  # never a zero row, even before the next refresh
+            slots = self.locate(keys[placed], families[placed])
+            self.refresh(slots[slots >= 0])
 
     def route(self, keys: np.ndarray, families: np.ndarray, rows: np.ndarray, bases: tuple) -> None:
         """Another member's per-id changes: into S where the id is held, else its cells."""
         m = self.model
         slots = self.locate(keys, families)
         inside = slots >= 0
-        self.S[slots[inside]] += rows[inside]
+        if rows.dtype == np.float32:   # the usual case, in one pass (distinct slots: as numpy's)
+            _add_rows(self.S, slots, rows)
+        else:
+            self.S[slots[inside]] += rows[inside]
+        if inside.all():
+            return
         for family in (USER, ITEM):
             out = np.flatnonzero(~inside & (families == family))
             salts, bsalts = m.store.salts[family], m.store.bias_salts[family]
@@ -224,3 +214,173 @@ def _find(slot_keys, slot_families, keys, families, starts):
                 out[n] = s
                 break
     return out
+
+
+@njit(nogil=True, cache=True)
+def _admit(slot_keys, slot_families, rows, S, view, keys, families, starts, cells, salts, bias,
+           bias_salts, base_cells, base_bias, spilled, placed):
+    """``FleetSlots.admit``: each (key, family) not held takes a free way of its bucket, or the
+    way of the bucket's largest (key, family) if it is smaller, which is evicted (its S, and
+    its local learning not yet harvested, added to its cells: ``_evict``); then the buckets
+    placed into are sorted (``_sort_bucket``). ``placed``: which keys took a slot; the evicted
+    ids that held local learning go to ``spilled`` (key, family); returns how many."""
+    n_spilled = 0
+    touched = np.zeros(slot_keys.shape[0] // WAYS + 1, np.bool_)
+    for n in range(keys.shape[0]):
+        key, family, start = keys[n], families[n], starts[n]
+        free, largest, held = -1, -1, False
+        for s in range(start, start + WAYS):
+            if slot_families[s] == FREE:
+                if free < 0:
+                    free = s
+            elif slot_keys[s] == key and slot_families[s] == family:
+                held = True
+            elif largest < 0 or _before(slot_keys[largest], slot_families[largest],
+                                        slot_keys[s], slot_families[s]):
+                largest = s
+        if held:
+            continue
+        slot = free
+        if slot < 0:
+            if _before(slot_keys[largest], slot_families[largest], key, family):
+                continue  # pushed out at once: it never holds a slot
+            slot = largest
+            if _evict(slot, slot_keys, slot_families, rows, S, view, cells, salts, bias,
+                      bias_salts, base_cells, base_bias):
+                spilled[n_spilled, 0], spilled[n_spilled, 1] = slot_keys[slot], slot_families[slot]
+                n_spilled += 1
+        slot_keys[slot], slot_families[slot] = key, family
+        S[slot, :], view[slot, :], rows[slot, :] = 0.0, 0.0, 0.0
+        touched[start // WAYS], placed[n] = True, True
+    for b in np.flatnonzero(touched):
+        _sort_bucket(b * WAYS, slot_keys, slot_families, rows, S, view)
+    return n_spilled
+
+
+@njit(inline="always", cache=True)
+def _before(key_a, family_a, key_b, family_b):
+    """(key_a, family_a) < (key_b, family_b)."""
+    return key_a < key_b or (key_a == key_b and family_a < family_b)
+
+
+@njit(cache=True)
+def _evict(slot, slot_keys, slot_families, rows, S, view, cells, salts, bias, bias_salts,
+           base_cells, base_bias):
+    """The slot's S plus its local learning to its id's cells, S alone to the bases (the
+    arithmetic of ``scatter_rows``); the slot is left to its new id. Whether local learning
+    went with it."""
+    family, width = slot_families[slot], rows.shape[1]
+    k, light = salts.shape[1], salts.shape[2]
+    addr, sign = np.empty((k, light), np.int64), np.empty((k, light), np.float64)
+    kb = bias_salts.shape[1]
+    baddr, bsign = np.empty((kb, 1), np.int64), np.empty((kb, 1), np.float64)
+    local, mine, base = np.empty(width, np.float32), np.empty(width), np.empty(width)
+    any_local = False
+    for l in range(width):
+        local[l] = rows[slot, l] - view[slot, l]
+        any_local |= local[l] != 0
+        mine[l], base[l] = S[slot, l] + local[l], S[slot, l]
+    locate(salts[family], slot_keys[slot], cells.shape[1], addr, sign)
+    locate(bias_salts[family], slot_keys[slot], bias.shape[1], baddr, bsign)
+    scatter_add(cells, addr, sign, mine[:light])
+    scatter_add(bias, baddr, bsign, mine[width - 1:])
+    scatter_add(base_cells, addr, sign, base[:light])
+    scatter_add(base_bias, baddr, bsign, base[width - 1:])
+    return any_local
+
+
+@njit(cache=True)
+def _sort_bucket(start, slot_keys, slot_families, rows, S, view):
+    """Held ids in (key, family) order, free slots last, in a stable order: the same layout on
+    every replica."""
+    order = np.arange(start, start + WAYS)
+    for i in range(1, WAYS):  # insertion sort: stable
+        j = i
+        while j > 0 and _after(order[j - 1], order[j], slot_keys, slot_families):
+            order[j - 1], order[j] = order[j], order[j - 1]
+            j -= 1
+    keys, families = slot_keys[order], slot_families[order]
+    r, s_, v = rows[order], S[order], view[order]
+    for i in range(WAYS):
+        slot_keys[start + i], slot_families[start + i] = keys[i], families[i]
+        rows[start + i], S[start + i], view[start + i] = r[i], s_[i], v[i]
+
+
+@njit(inline="always", cache=True)
+def _after(a, b, slot_keys, slot_families):
+    """Slot a sorts after slot b: free after held, then by (key, family)."""
+    free_a, free_b = slot_families[a] == FREE, slot_families[b] == FREE
+    if free_a != free_b:
+        return free_a
+    return _before(slot_keys[b], slot_families[b], slot_keys[a], slot_families[a])
+
+
+@njit(nogil=True, cache=True)
+def _announce(keys, ends, families, family_salt, cms_cells, cms_salts, total, admit_after,
+              n_slots, words, salt1, salt2, n_hashes, m_bits, out_keys, out_families):
+    """``FleetSlots.announce`` over segments of ``keys`` (ending at ``ends``, one family each):
+    each segment's keys are counted in the sightings count-min, then its distinct keys (in key
+    order) whose count reaches the threshold and that the announced Bloom filter does not hold
+    are added to it and written out. Returns (how many, the count-min's new total)."""
+    ones = np.ones(keys.shape[0], np.int64)
+    n_out, start = 0, 0
+    for seg in range(ends.shape[0]):
+        end, salt = ends[seg], family_salt[families[seg]]
+        if end == start:
+            continue
+        salted = keys[start:end] ^ salt
+        count_min._add_many(cms_cells, cms_salts, salted, ones[:end - start], False)
+        total += end - start
+        threshold = max(admit_after, -(-total // n_slots))
+        raw = np.sort(keys[start:end])
+        distinct = np.empty(raw.shape[0], np.uint64)
+        n = 0
+        for i in range(raw.shape[0]):
+            if i == 0 or raw[i] != raw[i - 1]:
+                distinct[n] = raw[i] ^ salt
+                n += 1
+        counts = np.empty(n, np.int64)
+        count_min._estimate_many(cms_cells, cms_salts, distinct[:n], counts)
+        due = distinct[:n][counts >= threshold]
+        known = np.empty(due.shape[0], np.bool_)
+        bloom._contains_many(words, due, salt1, salt2, n_hashes, m_bits, known)
+        due = due[~known]
+        bloom._add_many(words, due, salt1, salt2, n_hashes, m_bits)
+        for k in due:
+            out_keys[n_out], out_families[n_out] = k ^ salt, families[seg]
+            n_out += 1
+        start = end
+    return n_out, total
+
+
+@njit(nogil=True, cache=True)
+def _changed(rows, view, slots, out):
+    """The slots whose row differs from its view, into ``out``; how many."""
+    n = 0
+    for s in slots:
+        for l in range(rows.shape[1]):
+            if rows[s, l] - view[s, l] != 0:
+                out[n] = s
+                n += 1
+                break
+    return n
+
+
+@njit(nogil=True, cache=True)
+def _harvest(rows, view, S, slots, change):
+    """``harvest`` in float32: change = row - view, S += change, view = row (numpy's arithmetic)."""
+    for n in range(slots.shape[0]):
+        s = slots[n]
+        for l in range(rows.shape[1]):
+            change[n, l] = rows[s, l] - view[s, l]
+            S[s, l] += change[n, l]
+            view[s, l] = rows[s, l]
+
+
+@njit(nogil=True, cache=True)
+def _add_rows(S, slots, rows):
+    """S[slot] += row where the slot is held (>= 0)."""
+    for n in range(slots.shape[0]):
+        if slots[n] >= 0:
+            for l in range(rows.shape[1]):
+                S[slots[n], l] += rows[n, l]

@@ -47,7 +47,9 @@ def unpack(blob: bytes, expect_kind: str) -> tuple[dict, dict[str, np.ndarray]]:
         end = pos + count * dtype.itemsize
         if end > len(blob):
             raise ValueError("truncated sketch blob")
-        arrays[spec["name"]] = np.frombuffer(blob[pos:end], dtype=dtype).reshape(spec["shape"]).copy()
+        # read in place, then copied once (a slice of the bytes would be a second copy)
+        arrays[spec["name"]] = np.frombuffer(blob, dtype=dtype, count=count,
+                                             offset=pos).reshape(spec["shape"]).copy()
         pos = end
     if pos != len(blob):
         raise ValueError("trailing bytes after sketch blob")

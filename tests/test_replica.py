@@ -123,6 +123,7 @@ def test_a_small_delta_is_sparse_compressed_and_round_trips(stream):
     assert header["meta"] == {"offsets": {"0": 10}} and header["seq"] == 2
     assert "cells.d" not in arrays and "slot_rows" in arrays  # sparse cells; per-id slot rows
     assert tb.apply(blob)["meta"] == {"offsets": {"0": 10}}
+    ta.settle()  # a take leaves the taker's held slots to be refreshed before it learns or settles
     np.testing.assert_allclose(b.predict_many(users[:200], items[:200]),
                                a.predict_many(users[:200], items[:200]), rtol=0, atol=1e-6)
     assert ta.state_digest() != DeltaTracker(recommender()).state_digest()
@@ -164,6 +165,17 @@ def test_half_precision_deltas_are_smaller_and_lose_nothing_after_a_flush(stream
         assert (flush is None) == (precision == "float32")
         if flush is not None:
             tb.apply(flush)
+        ta.settle()  # the taker's held slots, refreshed (as before it learns again)
         np.testing.assert_allclose(b.predict_many(users[:1000], items[:1000]),
                                    a.predict_many(users[:1000], items[:1000]), rtol=0, atol=1e-6)
     assert sizes["float16"] < 0.75 * sizes["float32"]
+
+
+def test_a_bitmap_that_does_not_match_its_values_is_refused():
+    from sketchrec.models.replica import encode_entries, entries_of
+    like = np.zeros(100, np.float32)
+    good = encode_entries("x", np.arange(0, 100, 3), np.ones(34, np.float32), 100)
+    assert "x.b" in good and entries_of(good, "x", like)[0].tolist() == list(range(0, 100, 3))
+    for bad in ({**good, "x.v": good["x.v"][1:]}, {**good, "x.b": good["x.b"] | np.uint8(0x80)}):
+        with pytest.raises(ValueError, match="bitmap"):
+            entries_of(bad, "x", like)

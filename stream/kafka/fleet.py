@@ -235,7 +235,8 @@ class FleetLearner(KafkaLearner):
             if self.last_at - self.progress[-1][0] >= 0.05:
                 self.progress.append((self.last_at, self.own))
             if self.book.expired():
-                self.checkpoint("interval")
+                # the take's refresh of the held slots: by an apply now, else in _tick
+                self.checkpoint("interval", refresh=False)
                 if not self.alone:  # a slot for the model topic's fetches (big polls never wait)
                     self._read_feed(FEED_WAIT_MS)
             self._tick()
@@ -282,14 +283,17 @@ class FleetLearner(KafkaLearner):
             every = max(every, DRIFT_RATINGS // max(1, members - 1))
         self.chunk_ratings = self.book.every = every
 
-    def checkpoint(self, why: str, blocking_commit: bool = True) -> bool:
+    def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:
         """Publish what was learned since the last publish. Before giving partitions up (and
         for a snapshot, and at the end) wait until the broker acknowledged every delta. A
-        fenced member publishes nothing more (it would be refused)."""
+        fenced member publishes nothing more (it would be refused). ``refresh=False``: leave the
+        held slots as the take left them, to the caller's next apply or ``_tick``."""
         if self.fenced is not None:
             return False
         try:
             self._publish()
+            if refresh:
+                self.tracker.ready()   # what this replica serves: refreshed held slots
             if why != "interval":
                 self.producer.flush(timeout=30)  # dead letters
                 self.model_producer.flush(timeout=60)
@@ -353,6 +357,7 @@ class FleetLearner(KafkaLearner):
         read = self._read_feed(0)
         if self.fenced is not None:
             return
+        self.tracker.ready()   # a take's deferred refresh, unless an apply did it
         try:
             if read == 0 and (self.last_at is None or time.time() - self.last_at > 0.2):
                 self.tracker.settle()   # idle: the popular list as every settled replica has it

@@ -135,6 +135,8 @@ class Recommender:
         self.catalogue = Catalogue()
         # called with every learned batch's user and item keys and its real rows (replica.py)
         self.observers: list = []
+        # called with no arguments before every learned batch (replica.py: deferred refreshes)
+        self.before_learning: list = []
         # runtime state, never checkpointed
         self.refresh_s = refresh_s
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
@@ -164,6 +166,8 @@ class Recommender:
 
     def _learn(self, users, items, ratings, epoch: int, private: bool) -> np.ndarray:
         self.learning.wait()
+        for prepare in self.before_learning:
+            prepare()
         users, items = np.asarray(users), np.asarray(items)
         self._feedback(users, items, ratings)
         ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)

@@ -51,18 +51,28 @@ recommender takes it as published. Making a tracker turns the model's heavy filt
 (``models.fleet_slots``: frozen counts, one-way; a plain learner's results are unchanged as long
 as no tracker is made). Costs: ``take`` compares only the cells addressed by the
 ids learned outside a heavy slot and the slots of the ids learned in one (seen through
-``recommender.observers``), in one compiled pass; ``apply`` the delta's size; both refresh the
-held slots (``models.fleet_slots``: depth x light_dim reads each, one compiled pass) and, at most
-every ``RERANK_S``, re-rank the popular list over the catalogue (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default
-heavy fraction, sketch sized for its 2,625 ids): 274 bytes per rating (float32; 170 with
-``precision="float16"``; 47 at 10,000-rating takes). With a model sized for 100,000 ids (27 MB)
-and 500-rating takes, a take costs ~9 ms and an apply ~6 ms against ~3.5 ms to learn the 500
-ratings (docs/scaling.md).
+``recommender.observers``, which only record each batch; the ids are sorted by slot when
+membership is about to change, and counted for announcements at the take), in one compiled
+pass, or every cell in one branch-free pass once the rows learned since the last take address
+as many cells as the model has (float32; ML-100k at 2,000-rating takes moves ~70% of them);
+``apply`` the delta's size; ``apply`` refreshes the held slots (``models.fleet_slots``: depth x
+light_dim reads each, one compiled pass), a ``take`` leaves that to the next apply, learned batch
+(``recommender.before_learning``), ``ready`` or ``settle`` (until then readers see the held slots
+as they were before it: a fleet member calls ``ready`` when it polls); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
+(O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default heavy fraction,
+sketch sized for its 2,625 ids): 288 bytes per rating (float32; 182 with
+``precision="float16"``; 50 at 10,000-rating takes; 277, 170 and 47 when the float changes
+were compressed too). With a model sized for 100,000 ids (27 MB) and 500-rating takes (2
+members, in-process), a take costs ~3.5 ms and an apply ~4.5 ms against ~2 ms to learn the 500
+ratings (before: ~7 and ~5 ms against ~2.6; docs/scaling.md).
 
-Format: ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), the CRC-32 of the
-uncompressed body (u32, little-endian), then the (compressed) body: a
+Format (version 2): ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), the
+CRC-32 of the uncompressed body and the length of its packed head (u32 each, little-endian), the
+head (compressed when that is smaller), then the rest of the body as it is. The body is a
 ``sketches.serial`` blob (JSON header: member, sequence, model parameters, new catalogue ids,
-caller's ``meta``; then raw little-endian arrays). Compressed when that is smaller.
+caller's ``meta``; then raw little-endian arrays, the float arrays and 64-bit keys last): the head
+is all of it but those, which zstd shrank by ~10% (floats) or not at all (hashed keys) for as much
+CPU as the rest of a take.
 """
 
 from __future__ import annotations
@@ -76,11 +86,11 @@ import zlib
 
 import numpy as np
 
-from sketchrec.models.replica import ModelReplica
+from sketchrec.models.replica import ModelReplica, distinct
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import as_keys, pair_keys
 
-MAGIC, VERSION = b"SKRD", 1
+MAGIC, VERSION = b"SKRD", 2   # 2: float arrays not compressed, cell bitmaps
 RERANK_S = 0.5   # the popular list is re-ranked at most this often by take/apply (see settle)
 RAW, ZSTD, ZLIB = 0, 1, 2
 _KIND = "ModelDelta"
@@ -111,20 +121,23 @@ class DeltaTracker:
         self.applied: dict[str, int] = {}    # member -> last sequence number applied
         if recommender.popularity.sketch.conservative:
             raise ValueError("replicas need a plain count-min sketch (conservative updates do not add)")
-        self._model = ModelReplica(recommender.model, admit_after, precision, tracked=True)
+        self._model = ModelReplica(recommender.model, admit_after, precision, tracked=True,
+                                   deferred=True)
         self._params = _params_digest(recommender.model)
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
         self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
         self._received: set = set()                    # items after that which came by apply
         self._rerank, self._reranked_at = False, 0.0    # popular list: counts moved since / when
         recommender.observers.append(self._observe)
+        recommender.before_learning.append(self.ready)   # held slots' rows up to date
 
     def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
         """A learned batch: every row moved the model, the real ones (no canaries) also serve."""
-        self._model.touched(ukeys.copy(), ikeys.copy())
+        ukeys, ikeys = ukeys.copy(), ikeys.copy()   # kept until the next take
+        self._model.touched(ukeys, ikeys)
         ukeys, ikeys = ukeys[real], ikeys[real]
         self._model.observe(ukeys, ikeys)
-        self._seen.append((ukeys.copy(), ikeys.copy()))
+        self._seen.append((ukeys, ikeys))
 
     # --- publish ------------------------------------------------------------------------------------
     def take(self, meta: dict | None = None) -> bytes | None:
@@ -136,8 +149,8 @@ class DeltaTracker:
             ukeys, ikeys = (np.concatenate(keys) for keys in zip(*self._seen))
             self._seen = []
             items, counts = np.unique(ikeys, return_counts=True)
-            arrays.update({"seen_pairs": np.unique(pair_keys(ukeys, ikeys)),
-                           "seen_users": np.unique(ukeys), "seen_items": items,
+            arrays.update({"seen_pairs": distinct(pair_keys(ukeys, ikeys)),
+                           "seen_users": distinct(ukeys), "seen_items": items,
                            "seen_counts": counts.astype(np.uint32)})
         ids, _ = rec.catalogue.snapshot()
         new_ids = [i for i in ids[self._n_items:] if i not in self._received]
@@ -150,7 +163,7 @@ class DeltaTracker:
         self._n_items = len(ids)
         if "seen_items" in arrays:
             self._popular_moved()
-        return _encode(serial.pack(_KIND, header, arrays), self.compress)
+        return _encode(header, arrays, self.compress)
 
     # --- receive ------------------------------------------------------------------------------------
     def apply(self, blob: bytes) -> dict:
@@ -185,10 +198,17 @@ class DeltaTracker:
         if time.monotonic() - self._reranked_at >= RERANK_S:
             self.settle()
 
+    def ready(self) -> None:
+        """Refresh the held slots if a take left them stale (cheap otherwise): what a caller
+        does that serves this replica and will not learn or apply soon (``settle`` does it too)."""
+        self._model.ready()
+
     def settle(self) -> None:
         """Re-rank the popular list if counts moved since the last re-rank (``take`` and
-        ``apply`` do it at most every ``RERANK_S``): replicas that applied the same deltas and
-        settled list the same popular items."""
+        ``apply`` do it at most every ``RERANK_S``), and refresh the held slots' rows if a take
+        left them stale (the next apply or learned batch does it otherwise): replicas that
+        applied the same deltas and settled hold the same state and list the same popular items."""
+        self.ready()
         if self._rerank:
             rerank_popular(self.rec)
             self._rerank, self._reranked_at = False, time.monotonic()
@@ -222,21 +242,22 @@ def rerank_popular(rec) -> None:
 
 def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     """(header, arrays) of a delta; ValueError (one line) for anything that is not one."""
-    if not isinstance(blob, (bytes, bytearray, memoryview)) or bytes(blob[:4]) != MAGIC or len(blob) < 10:
+    if not isinstance(blob, (bytes, bytearray, memoryview)) or bytes(blob[:4]) != MAGIC or len(blob) < 14:
         raise ValueError("not a sketchrec model delta (bad magic)")
-    version, codec, crc = struct.unpack("<BBI", blob[4:10])
+    version, codec, crc, packed = struct.unpack("<BBII", blob[4:14])
     if version != VERSION:
         raise ValueError(f"unsupported model delta version {version}")
     try:
-        body = bytes(blob[10:])
+        head, tail = bytes(blob[14:14 + packed]), bytes(blob[14 + packed:])
         if codec == ZSTD:
             if zstandard is None:
                 raise ValueError("zstd-compressed delta but zstandard is not installed")
-            body = zstandard.ZstdDecompressor().decompress(body)
+            head = zstandard.ZstdDecompressor().decompress(head)
         elif codec == ZLIB:
-            body = zlib.decompress(body)
+            head = zlib.decompress(head)
         elif codec != RAW:
             raise ValueError(f"unknown codec {codec}")
+        body = head + tail
         if zlib.crc32(body) != crc:
             raise ValueError("checksum mismatch")
         header, arrays = serial.unpack(body, _KIND)
@@ -248,16 +269,29 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     return header, arrays
 
 
-def _encode(body: bytes, compress: str) -> bytes:
-    codec, packed = RAW, body
+def _encode(header: dict, arrays: dict[str, np.ndarray], compress: str) -> bytes:
+    """The delta's blob: its float arrays and 64-bit keys last and left as they are (float32
+    changes barely compress: zstd took ~10% off them for as much CPU as a take's own work; hashed
+    keys do not), the rest compressed where that is smaller (index gaps and bitmaps, counts)."""
+    raw = [name for name, arr in arrays.items() if _incompressible(arr)]
+    ordered = {name: arr for name, arr in arrays.items() if not _incompressible(arr)}
+    ordered.update((name, arrays[name]) for name in raw)
+    body = serial.pack(_KIND, header, ordered)
+    split = len(body) - sum(arrays[name].nbytes for name in raw)
+    view = memoryview(body)   # slices without copies
+    codec, head = RAW, view[:split]
     if compress == "zstd" and zstandard is not None:
-        # level 1: level 3 saved 1-2% of the bytes for ~1 ms more per 500-rating take
-        codec, packed = ZSTD, zstandard.ZstdCompressor(level=1).compress(body)
+        codec, head = ZSTD, zstandard.ZstdCompressor(level=1).compress(head)
     elif compress != "none":
-        codec, packed = ZLIB, zlib.compress(body, 6)
-    if len(packed) >= len(body):
-        codec, packed = RAW, body
-    return MAGIC + struct.pack("<BBI", VERSION, codec, zlib.crc32(body)) + packed
+        codec, head = ZLIB, zlib.compress(head, 6)
+    if len(head) >= split:
+        codec, head = RAW, view[:split]
+    return b"".join([MAGIC, struct.pack("<BBII", VERSION, codec, zlib.crc32(body), len(head)),
+                     head, view[split:]])
+
+
+def _incompressible(arr: np.ndarray) -> bool:
+    return arr.dtype.kind == "f" or arr.dtype == np.uint64
 
 
 def _params_digest(model) -> str:
