@@ -121,12 +121,39 @@ def end_offsets(bootstrap: str, topic: str) -> dict:
     return ends
 
 
-def single_learner_rmse(data) -> float:
-    """Prequential RMSE of one learner over the same ratings (the CLI's model, batches of 500)."""
+def cli_model():
+    """The model a member builds from MODEL's options."""
     from sketchrec.replay.cli.consume import build_parser
     from sketchrec.replay.cli.config import ModelSettings
     args = build_parser().parse_args(["--bootstrap", "x", "--topic", "t", *MODEL])
-    model = ModelSettings.from_args(args, False).build(args.capacity)
+    return ModelSettings.from_args(args, False).build(args.capacity)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_kernels():
+    """The fleet's kernels compiled (and cached on disk) here, before any member starts: on a
+    fresh checkout, four processes compiling them at once on two cores spend the test's waits."""
+    from sketchrec.stream.kafka.messages import parse_fast
+    from sketchrec.stream.serving.recommender import Recommender
+    from sketchrec.stream.serving.replica import DeltaTracker
+    parse_fast([encode_batch([(1, 2, 4.0, 0)])])
+    data = SyntheticStream(n_ratings=20_000, n_users=4000, n_items=1500, seed=1).all()
+    recs = [Recommender(cli_model(), pair_capacity=N) for _ in range(2)]
+    trackers = [DeltaTracker(rec) for rec in recs]
+    for at, size in ((0, 50), (50, 19_950)):   # a take's tracked pass, then its full pass
+        part = data.take(slice(at, at + size))
+        recs[0].learn_many(part.users, part.items, part.ratings)
+        trackers[1].apply(trackers[0].take())
+    for tracker in trackers:
+        tracker.settle()
+    pairs = data.take(slice(0, 1000))
+    agree = [rec.predict_many(pairs.users, pairs.items) for rec in recs]
+    np.testing.assert_allclose(agree[0], agree[1], atol=1e-4)   # (float32 sums: not bit for bit)
+
+
+def single_learner_rmse(data) -> float:
+    """Prequential RMSE of one learner over the same ratings (the CLI's model, batches of 500)."""
+    model = cli_model()
     sq = 0.0
     for at in range(0, len(data), 500):
         part = data.take(slice(at, at + 500))
