@@ -72,7 +72,8 @@ head (compressed when that is smaller), then the rest of the body as it is. The 
 ``sketches.serial`` blob (JSON header: member, sequence, model parameters, new catalogue ids,
 caller's ``meta``; then raw little-endian arrays, the float arrays and 64-bit keys last): the head
 is all of it but those, which zstd shrank by ~10% (floats) or not at all (hashed keys) for as much
-CPU as the rest of a take.
+CPU as the rest of a take. Version 1 (a model topic written before: no head length, the whole body
+packed) is still read.
 """
 
 from __future__ import annotations
@@ -242,13 +243,18 @@ def rerank_popular(rec) -> None:
 
 def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     """(header, arrays) of a delta; ValueError (one line) for anything that is not one."""
-    if not isinstance(blob, (bytes, bytearray, memoryview)) or bytes(blob[:4]) != MAGIC or len(blob) < 14:
+    if not isinstance(blob, (bytes, bytearray, memoryview)) or bytes(blob[:4]) != MAGIC or len(blob) < 10:
         raise ValueError("not a sketchrec model delta (bad magic)")
-    version, codec, crc, packed = struct.unpack("<BBII", blob[4:14])
-    if version != VERSION:
+    version = blob[4]
+    if version == 1:   # all of the body packed (a model topic written before version 2)
+        codec, crc = struct.unpack("<BI", blob[5:10])
+        head, tail = bytes(blob[10:]), b""
+    elif version == VERSION and len(blob) >= 14:
+        codec, crc, packed = struct.unpack("<BII", blob[5:14])
+        head, tail = bytes(blob[14:14 + packed]), bytes(blob[14 + packed:])
+    else:
         raise ValueError(f"unsupported model delta version {version}")
     try:
-        head, tail = bytes(blob[14:14 + packed]), bytes(blob[14 + packed:])
         if codec == ZSTD:
             if zstandard is None:
                 raise ValueError("zstd-compressed delta but zstandard is not installed")
