@@ -234,12 +234,13 @@ class FleetLearner(KafkaLearner):
             self.last_at = time.time()
             if self.last_at - self.progress[-1][0] >= 0.05:
                 self.progress.append((self.last_at, self.own))
+            read = None
             if self.book.expired():
                 # the take's refresh of the held slots: by an apply now, else in _tick
                 self.checkpoint("interval", refresh=False)
                 if not self.alone:  # a slot for the model topic's fetches (big polls never wait)
-                    self._read_feed(FEED_WAIT_MS)
-            self._tick()
+                    read = self._read_feed(FEED_WAIT_MS)
+            self._tick(read)
         # a poll of at most POLL_CHUNKS chunks: big enough that most polls find fetched data,
         # small enough to stay far within the group's max poll interval on a loaded machine
         self.consumer.config["max_poll_records"] = min(self.max_poll, POLL_CHUNKS * self._chunk_messages())
@@ -352,9 +353,12 @@ class FleetLearner(KafkaLearner):
         self.stop.set()
         log_event("fenced", logging.ERROR, error=why)
 
-    def _tick(self) -> None:
-        """After each poll: add the other members' deltas; the holder of partition 0 snapshots."""
-        read = self._read_feed(0)
+    def _tick(self, read: int | None = None) -> None:
+        """After each poll (or chunk): add the other members' deltas (unless ``read``, the number
+        just read: a second poll right after it would find little and cost a fetch round); the
+        holder of partition 0 snapshots."""
+        if read is None:
+            read = self._read_feed(0)
         if self.fenced is not None:
             return
         self.tracker.ready()   # a take's deferred refresh, unless an apply did it
