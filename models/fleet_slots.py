@@ -91,7 +91,7 @@ class FleetSlots:
         that is more (no more ids than slots can be that heavy at one time, so the announcements
         of a long stream keep to its heavy ids; ML-100k, 3 members: 1,197 of 1,696 slots held,
         RMSE +0.28% against one learner, +0.24% with a fixed 8 and 1,561 held)."""
-        return max(self.admit_after, -(-self._sightings.total // max(1, self.model.heavy.n_slots)))
+        return due_after(self.admit_after, self._sightings.total, max(1, self.model.heavy.n_slots))
 
     # --- the residuals ------------------------------------------------------------------------------
     def held(self) -> np.ndarray:
@@ -316,6 +316,12 @@ def _after(a, b, slot_keys, slot_families):
 
 
 @njit(nogil=True, cache=True)
+def due_after(admit_after, sightings, n_slots):
+    """``FleetSlots.threshold``'s rule: ``admit_after``, or the mean sightings per slot."""
+    return max(admit_after, -(-sightings // n_slots))
+
+
+@njit(nogil=True, cache=True)
 def _announce(keys, ends, families, family_salt, cms_cells, cms_salts, total, admit_after,
               n_slots, words, salt1, salt2, n_hashes, m_bits, out_keys, out_families):
     """``FleetSlots.announce`` over segments of ``keys`` (ending at ``ends``, one family each):
@@ -331,7 +337,7 @@ def _announce(keys, ends, families, family_salt, cms_cells, cms_salts, total, ad
         salted = keys[start:end] ^ salt
         count_min._add_many(cms_cells, cms_salts, salted, ones[:end - start], False)
         total += end - start
-        threshold = max(admit_after, -(-total // n_slots))
+        threshold = due_after(admit_after, total, n_slots)
         raw = np.sort(keys[start:end])
         distinct = np.empty(raw.shape[0], np.uint64)
         n = 0

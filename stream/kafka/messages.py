@@ -234,7 +234,7 @@ def _fast_line(buf, pos, end, lo, hi, pow10, users, items, ratings, at):
         else:
             break
         pos += 1
-    if digits == 0 or digits > 15:
+    if digits == 0 or digits > _FAST_DIGITS:
         return -1
     rating = mantissa / pow10[scale]
     if not lo <= rating <= hi:
