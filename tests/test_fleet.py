@@ -133,10 +133,12 @@ def cli_model():
 def compiled_kernels():
     """The fleet's kernels compiled (and cached on disk) here, before any member starts: on a
     fresh checkout, four processes compiling them at once on two cores spend the test's waits."""
+    from sketchrec.stream.kafka.fast_records import scan_records
     from sketchrec.stream.kafka.messages import parse_fast
     from sketchrec.stream.serving.recommender import Recommender
     from sketchrec.stream.serving.replica import DeltaTracker
     parse_fast([encode_batch([(1, 2, 4.0, 0)])])
+    scan_records(np.zeros(0, np.uint8), 0, 0)
     data = SyntheticStream(n_ratings=20_000, n_users=4000, n_items=1500, seed=1).all()
     recs = [Recommender(cli_model(), pair_capacity=N) for _ in range(2)]
     trackers = [DeltaTracker(rec) for rec in recs]

@@ -7,7 +7,8 @@ For each message form (one CSV rating per message, ``--batch`` ratings per messa
 file (``--copies`` times, ids offset per copy) is published to a fresh 4-partition topic, then
 measured in one run, so that the ratios hold on a busy machine:
 
-- a bare kafka-python consumer that only fetches (the ceiling),
+- a bare kafka-python consumer that only fetches (the ceiling), and the same with the compiled
+  record reader our consumers use (`stream/kafka/fast_records.py`),
 - a plain `consume --checkpoint` learner in-process (no fleet: what one member can approach),
 - one `consume --fleet` member alone, and two members of one group (separate processes): ratings/s
   from the member's first to its last learned batch; for two, while both were learning (they
@@ -202,10 +203,12 @@ def measure(args: argparse.Namespace) -> dict:
         topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
         sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
         bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
+        compiled = bare_consume(args.bootstrap, topic, sent["messages"], compiled=True) * n / sent["messages"]
         plain = learn_from(args.bootstrap, topic, capacity, n)
         one = members(args.bootstrap, topic, 1, capacity, args.sync_ratings)
         two = members(args.bootstrap, topic, 2, capacity, args.sync_ratings)
-        r = {"bare_consume_ratings_per_s": bare, "plain_learner_ratings_per_s": plain,
+        r = {"bare_consume_ratings_per_s": bare, "bare_compiled_reader_ratings_per_s": compiled,
+             "plain_learner_ratings_per_s": plain,
              "one_member_ratings_per_s": fleet_rate(one),
              "two_members_ratings_per_s": fleet_rate(two),
              "delta_bytes_per_rating": sum(m["published_bytes"] for m in two) / n}
@@ -213,7 +216,7 @@ def measure(args: argparse.Namespace) -> dict:
         r["one_member_over_bare"] = r["one_member_ratings_per_s"] / bare
         r["one_member_over_plain"] = r["one_member_ratings_per_s"] / plain
         report[form] = r
-        print(f"{form:18s} bare {bare:>9,.0f}/s  plain {plain:>9,.0f}/s  one member "
+        print(f"{form:18s} bare {bare:>9,.0f}/s (compiled reader {compiled:>9,.0f}/s)  plain {plain:>9,.0f}/s  one member "
               f"{r['one_member_ratings_per_s']:>9,.0f}/s ({r['one_member_over_bare']:.0%} of bare, "
               f"{r['one_member_over_plain']:.0%} of plain)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
               f"(x{r['two_over_one']:.2f})  {r['delta_bytes_per_rating']:.1f} delta bytes/rating",

