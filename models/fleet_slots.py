@@ -160,8 +160,10 @@ class FleetSlots:
             slots = self.locate(keys[placed], families[placed])
             self.refresh(slots[slots >= 0])
 
-    def route(self, keys: np.ndarray, families: np.ndarray, rows: np.ndarray, bases: tuple) -> None:
-        """Another member's per-id changes: into S where the id is held, else its cells."""
+    def route(self, keys: np.ndarray, families: np.ndarray, rows: np.ndarray,
+              bases: tuple) -> np.ndarray:
+        """Another member's per-id changes: into S where the id is held, else its cells.
+        Returns the held slots whose S moved."""
         m = self.model
         slots = self.locate(keys, families)
         inside = slots >= 0
@@ -170,13 +172,14 @@ class FleetSlots:
         else:
             self.S[slots[inside]] += rows[inside]
         if inside.all():
-            return
+            return slots
         for family in (USER, ITEM):
             out = np.flatnonzero(~inside & (families == family))
             salts, bsalts = m.store.salts[family], m.store.bias_salts[family]
             for cells, bias in ((m.vectors.cells, m.biases.cells), bases):
                 scatter_rows(cells, salts, keys[out], rows[out, :salts.shape[1]])
                 scatter_rows(bias, bsalts, keys[out], rows[out, m.dim:])
+        return slots[inside]
 
 
 @njit(nogil=True, cache=True)

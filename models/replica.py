@@ -175,6 +175,11 @@ def add_entries(target: np.ndarray, found) -> None:
         flat[idx] += values
 
 
+# deferred replicas: takes and applies between two refreshes of every held slot's row (the
+# refresh hashes every held id's cells: on a fleet member it cost more than learning, py-spy)
+FULL_REFRESH_EVERY = 8
+
+
 class ModelReplica:
     """The published state of one ``SketchMF`` and the delta arithmetic on it (see module doc).
     ``admit_after``: local sightings after which an id is announced for a heavy slot;
@@ -212,9 +217,9 @@ class ModelReplica:
         # float16: where the last take left rounding behind (compared again at the next take)
         self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
         self._masks: tuple | None = None
-        # deferred: a take leaves the held slots' rows stale, for the next apply, or ready()
-        # before the next learned batch, to refresh (one refresh where there were two)
-        self.deferred, self.stale = deferred, False
+        # deferred: a take or apply leaves the held slots' rows stale, for ready() to refresh,
+        # which it does every FULL_REFRESH_EVERY of them (or when told: settle, a snapshot)
+        self.deferred, self.stale, self._stale_events = deferred, False, 0
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
         """Record the ids of a learned batch (all rows, canaries included) for ``tracked``: an id
@@ -327,17 +332,24 @@ class ModelReplica:
             out.update({"announce_keys": keys, "announce_families": families.astype(np.uint8)})
             self.slots.admit(keys, families.astype(np.uint8), (self._cells, self._bias))
         if self.slots is not None and out:
-            self.stale = True
-            if not self.deferred:
-                self.ready()
+            self._went_stale()
         return out
 
-    def ready(self) -> None:
-        """Refresh the held slots' rows if a deferred take left them stale: before the model
-        learns again, and before its state is read as a whole (digest, snapshot)."""
-        if self.stale:
+    def _went_stale(self) -> None:
+        self.stale = True
+        self._stale_events += 1
+        self.ready()
+
+    def ready(self, full: bool = False) -> None:
+        """Refresh the held slots' rows where a take or apply left them stale. Not deferred: at
+        once. Deferred: every ``FULL_REFRESH_EVERY`` takes and applies, or now if ``full``
+        (before the state is read as a whole: a digest, a snapshot, a settled replica). Until
+        then a held id's row lags only what collisions moved in its cells (learning on a held id
+        goes to its slot, and an apply refreshes the slots whose residuals it moved at once);
+        its local learning is kept either way (a refresh adds it back on)."""
+        if self.stale and (full or not self.deferred or self._stale_events >= FULL_REFRESH_EVERY):
             self.slots.refresh()
-            self.stale = False
+            self.stale, self._stale_events = False, 0
 
     # --- apply --------------------------------------------------------------------------------------
     def apply(self, arrays: dict[str, np.ndarray]) -> None:
@@ -360,9 +372,11 @@ class ModelReplica:
             if prefix + "_keys" in arrays:
                 self.slots.admit(arrays[prefix + "_keys"], arrays[prefix + "_families"], bases)
         if "slot_keys" in arrays:
-            self.slots.route(arrays["slot_keys"], arrays["slot_families"], arrays["slot_rows"], bases)
-        self.stale = True
-        self.ready()
+            routed = self.slots.route(arrays["slot_keys"], arrays["slot_families"],
+                                      arrays["slot_rows"], bases)
+            if self.deferred:   # their residuals moved: their rows now (the rest can wait)
+                self.slots.refresh(routed)
+        self._went_stale()
 
     def _check(self, arrays: dict[str, np.ndarray]) -> list:
         """The delta's cell, bias, counter and DP-step entries (``entries_of``), checked."""

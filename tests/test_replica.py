@@ -123,7 +123,10 @@ def test_a_small_delta_is_sparse_compressed_and_round_trips(stream):
     assert header["meta"] == {"offsets": {"0": 10}} and header["seq"] == 2
     assert "cells.d" not in arrays and "slot_rows" in arrays  # sparse cells; per-id slot rows
     assert tb.apply(blob)["meta"] == {"offsets": {"0": 10}}
-    ta.settle()  # a take leaves the taker's held slots to be refreshed before it learns or settles
+    # takes and applies leave held slots' rows lagging their cells until a refresh: settled
+    # replicas agree
+    ta.settle()
+    tb.settle()
     np.testing.assert_allclose(b.predict_many(users[:200], items[:200]),
                                a.predict_many(users[:200], items[:200]), rtol=0, atol=1e-6)
     assert ta.state_digest() != DeltaTracker(recommender()).state_digest()
@@ -190,7 +193,8 @@ def test_half_precision_deltas_are_smaller_and_lose_nothing_after_a_flush(stream
         assert (flush is None) == (precision == "float32")
         if flush is not None:
             tb.apply(flush)
-        ta.settle()  # the taker's held slots, refreshed (as before it learns again)
+        ta.settle()  # held slots' rows refreshed (takes and applies leave them lagging)
+        tb.settle()
         np.testing.assert_allclose(b.predict_many(users[:1000], items[:1000]),
                                    a.predict_many(users[:1000], items[:1000]), rtol=0, atol=1e-6)
     assert sizes["float16"] < 0.75 * sizes["float32"]

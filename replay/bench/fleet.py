@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -40,15 +42,36 @@ from sketchrec.stream.kafka.producer import order_for_topic, produce
 PARTITIONS = 4
 
 
-def members(bootstrap: str, topic: str, n: int, capacity: int, sync_ratings: int | None,
-            idle: float = 4.0) -> list[dict]:
-    """Run ``n`` fleet members of one group over ``topic`` until idle; their final reports."""
+def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
+            sync_ratings: int | None, idle: float = 15.0) -> list[dict]:
+    """Run ``n`` fleet members of one group over a fresh topic of ``copies`` until idle; their
+    final reports. The topic is written in one transaction that is committed only once every
+    member holds partitions (read from their ``rebalance`` log lines): all start learning
+    together. Otherwise the first to join learns alone for the seconds the group takes to form,
+    and can finish whole partitions before the others get theirs (a fetch takes up to 16 MB of
+    each), leaving no span where the members learn side by side."""
+    topic = f"bench-fleet-{n}-{uuid.uuid4().hex[:6]}"
     cmd = [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
-           "--group", f"g-{topic}-{n}", "--fleet", "--model-topic", f"{topic}.model{n}",
+           "--group", f"g-{topic}", "--fleet", "--model-topic", f"{topic}.model",
            "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle)]
     cmd += ["--sync-ratings", str(sync_ratings)] if sync_ratings else []
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for _ in range(n)]
+    procs: list[subprocess.Popen] = []
+    held: list[set] = []
+
+    def start_and_settle() -> None:
+        for _ in range(n):
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            held.append(set())
+            threading.Thread(target=_follow_assignments, args=(procs[-1].stderr, held[-1]),
+                             daemon=True).start()
+        deadline = time.monotonic() + 120
+        while not (all(held) and set().union(*held) == set(range(PARTITIONS))
+                   and sum(map(len, held)) == PARTITIONS):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"the {n} members did not settle into one group")
+            time.sleep(0.05)
+
+    produce(copies, bootstrap, topic, batch=batch, partitions=PARTITIONS, held_until=start_and_settle)
     reports = []
     for proc in procs:
         out, _ = proc.communicate(timeout=600)
@@ -56,6 +79,19 @@ def members(bootstrap: str, topic: str, n: int, capacity: int, sync_ratings: int
             raise RuntimeError(f"a fleet member failed ({proc.returncode})")
         reports.append(json.loads(out.strip().splitlines()[-1]))
     return reports
+
+
+def _follow_assignments(stderr, held: set) -> None:
+    """Keep ``held`` = the partitions a member's log says it holds (and drain its stderr)."""
+    for line in stderr:
+        if "event=rebalance" in line:
+            found = re.search(r'(assigned|revoked|lost)="\[([0-9, ]*)\]"', line)
+            if found:
+                parts = {int(p) for p in found.group(2).split(",") if p.strip()}
+                if found.group(1) == "assigned":
+                    held |= parts
+                else:
+                    held -= parts
 
 
 def fleet_rate(reports: list[dict]) -> float:
@@ -205,8 +241,8 @@ def measure(args: argparse.Namespace) -> dict:
         bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
         compiled = bare_consume(args.bootstrap, topic, sent["messages"], compiled=True) * n / sent["messages"]
         plain = learn_from(args.bootstrap, topic, capacity, n)
-        one = members(args.bootstrap, topic, 1, capacity, args.sync_ratings)
-        two = members(args.bootstrap, topic, 2, capacity, args.sync_ratings)
+        one = members(args.bootstrap, copies, batch, 1, capacity, args.sync_ratings)
+        two = members(args.bootstrap, copies, batch, 2, capacity, args.sync_ratings)
         r = {"bare_consume_ratings_per_s": bare, "bare_compiled_reader_ratings_per_s": compiled,
              "plain_learner_ratings_per_s": plain,
              "one_member_ratings_per_s": fleet_rate(one),

@@ -9,6 +9,7 @@ codec of the record batches (none, gzip, snappy, lz4, zstd), as production produ
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 from kafka.errors import KafkaError
@@ -61,12 +62,15 @@ class _Delivered:
 
 def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: float | None = None,
             partitions: int = 2, randomiser=None, compression: str = "none",
-            timeout: float = 120.0) -> dict:
+            timeout: float = 120.0, held_until: Callable[[], object] | None = None) -> dict:
     """Send all ratings, in order; returns counts and throughput. With ``randomiser`` (a
     ``privacy.ldp.DeviceRandomiser``) every rating is perturbed before it is sent — the raw value
     never leaves this process — and every message carries a header naming the mechanism.
     The producer retries across a broker outage; DeliveryError (naming how many ratings were
-    acknowledged) when not every message is acknowledged ``timeout`` seconds after the last send."""
+    acknowledged) when not every message is acknowledged ``timeout`` seconds after the last send.
+    With ``held_until``, everything goes in one transaction, committed once every message is
+    acknowledged and ``held_until()`` has returned: read_committed consumers (ours) see none of it
+    before, then all of it at once (a benchmark starts its consumers in ``held_until``)."""
     from kafka import KafkaProducer
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -75,7 +79,11 @@ def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: 
     ensure_topic(bootstrap, topic, partitions)
     producer = KafkaProducer(**kafka_config(bootstrap), linger_ms=20, batch_size=1 << 20, acks="all",
                              max_request_size=16 << 20,
-                             compression_type=None if compression == "none" else compression)
+                             compression_type=None if compression == "none" else compression,
+                             **({"transactional_id": f"held-{topic}"} if held_until else {}))
+    if held_until:
+        producer.init_transactions()
+        producer.begin_transaction()
     t0 = time.perf_counter()
     sent_messages = 0
     values = ratings.ratings if randomiser is None else randomiser.perturb(ratings.ratings)
@@ -101,24 +109,32 @@ def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: 
         delivered.track(producer.send(topic, key=key, value=encode_batch(group), headers=headers),
                         len(group))
         sent_messages += 1
-    _flush(producer, delivered, len(rows), timeout)
-    seconds = time.perf_counter() - t0
+    acknowledged: list[float] = []   # when the last message was (a held commit waits after it)
+    _flush(producer, delivered, len(rows), timeout,
+           held_until and (lambda: (acknowledged.append(time.perf_counter()), held_until())))
+    seconds = (acknowledged[0] if acknowledged else time.perf_counter()) - t0
     return {"topic": topic, "ratings": len(rows), "messages": sent_messages, "compression": compression,
             "seconds": seconds,
             "ratings_per_s": len(rows) / max(seconds, 1e-9),
             **({"ldp": randomiser.header().decode()} if randomiser is not None else {})}
 
 
-def _flush(producer, delivered: _Delivered, total: int, timeout: float) -> None:
-    """Wait until every message is acknowledged; DeliveryError with the count delivered if not."""
+def _flush(producer, delivered: _Delivered, total: int, timeout: float,
+           held_until: Callable[[], object] | None = None) -> None:
+    """Wait until every message is acknowledged; DeliveryError with the count delivered if not.
+    A held transaction is committed after that, once ``held_until()`` returns."""
     try:
         producer.flush(timeout=timeout)
     except KafkaError:
         pass  # judged by the count below
-    producer.close(timeout=5)
     if delivered.ratings < total:
+        producer.close(timeout=5)
         why = delivered.error or f"no acknowledgement within {timeout:g} s"
         raise DeliveryError(f"{delivered.ratings:,} of {total:,} ratings delivered ({why})")
+    if held_until:
+        held_until()
+        producer.commit_transaction()
+    producer.close(timeout=5)
 
 
 def order_for_topic(ratings: Ratings) -> Ratings:

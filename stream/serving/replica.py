@@ -55,10 +55,12 @@ ids learned outside a heavy slot and the slots of the ids learned in one (seen t
 membership is about to change, and counted for announcements at the take), in one compiled
 pass, or every cell in one branch-free pass once the rows learned since the last take address
 as many cells as the model has (float32; ML-100k at 2,000-rating takes moves ~70% of them);
-``apply`` the delta's size; ``apply`` refreshes the held slots (``models.fleet_slots``: depth x
-light_dim reads each, one compiled pass), a ``take`` leaves that to the next apply, learned batch
-(``recommender.before_learning``), ``ready`` or ``settle`` (until then readers see the held slots
-as they were before it: a fleet member calls ``ready`` when it polls); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
+``apply`` the delta's size. The held slots' rows (``models.fleet_slots``: depth x light_dim
+hashed reads each, one compiled pass) are refreshed where an apply moved their residuals at once,
+and all of them every ``models.replica.FULL_REFRESH_EVERY`` takes and applies, at ``settle`` (so
+before a digest or snapshot) and at ``ready(full=True)``; in between a held id's row lags only
+what collisions moved in its cells (a fleet member calls ``ready`` when it polls and before it
+learns); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
 (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default heavy fraction,
 sketch sized for its 2,625 ids): 288 bytes per rating (float32; 182 with
 ``precision="float16"``; 50 at 10,000-rating takes; 277, 170 and 47 when the float changes
@@ -209,7 +211,7 @@ class DeltaTracker:
         ``apply`` do it at most every ``RERANK_S``), and refresh the held slots' rows if a take
         left them stale (the next apply or learned batch does it otherwise): replicas that
         applied the same deltas and settled hold the same state and list the same popular items."""
-        self.ready()
+        self._model.ready(full=True)
         if self._rerank:
             rerank_popular(self.rec)
             self._rerank, self._reranked_at = False, time.monotonic()
