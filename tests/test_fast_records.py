@@ -33,15 +33,19 @@ record = st.tuples(st.one_of(st.none(), st.binary(max_size=12)), values, headers
 batch = st.tuples(st.sampled_from([0, 1, 2, 3, 4]), st.lists(record, min_size=1, max_size=30))
 
 
-def build(batches, first_offset: int = 100) -> bytes:
-    """The batches as a fetch response's record bytes (offsets consecutive from first_offset)."""
+def build(batches, first_offset: int = 100, append_time: bool = False) -> bytes:
+    """The batches as a fetch response's record bytes (offsets consecutive from first_offset);
+    ``append_time``: marked as broker-stamped (LOG_APPEND_TIME; their CRCs then no longer hold)."""
     out, offset = b"", first_offset
     for codec, records in batches:
         builder = MemoryRecordsBuilder(magic=2, compression_type=codec, batch_size=1 << 24, offset=offset)
         for key, value, hdrs, dt in records:
             builder.append(timestamp=1_700_000_000_000 + dt, key=key, value=value, headers=hdrs)
         builder.close()
-        out += bytes(builder.buffer())
+        raw = bytearray(builder.buffer())
+        if append_time:
+            raw[22] |= 0x08   # the attributes' timestamp-type bit (big-endian int16 at byte 21)
+        out += bytes(raw)
         offset += len(records)
     return out
 
@@ -68,11 +72,12 @@ def test_the_reader_is_available_for_the_installed_kafka_python():
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(batch, min_size=1, max_size=4), st.integers(0, 40), st.lists(st.integers(1, 25), max_size=4))
-def test_records_and_positions_are_the_librarys(batches, skip, pieces):
-    data = build(batches)
+@given(st.lists(batch, min_size=1, max_size=4), st.integers(0, 40), st.lists(st.integers(1, 25), max_size=4),
+       st.booleans())
+def test_records_and_positions_are_the_librarys(batches, skip, pieces, append_time):
+    data = build(batches, append_time=append_time)
     total = sum(len(r) for _, r in batches)
-    assert agree(FAST, data, 100 + min(skip, total), pieces)
+    assert agree(FAST, data, 100 + min(skip, total), pieces, check_crcs=not append_time)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
