@@ -67,8 +67,13 @@ def agree(cls, data, fetch_offset, pieces, check_crcs=True) -> bool:
         read(LIBRARY, data, fetch_offset, pieces, check_crcs)
 
 
-def test_the_reader_is_available_for_the_installed_kafka_python():
+def test_the_reader_is_available_for_the_installed_kafka_python(monkeypatch):
     assert FAST is not None and issubclass(FAST, LIBRARY)
+    # a kafka-python whose records have other fields keeps its own reader
+    from collections import namedtuple
+    from kafka.consumer import fetcher
+    monkeypatch.setattr(fetcher, "ConsumerRecord", namedtuple("ConsumerRecord", ["topic", "offset"]))
+    assert fast_records.partition_records_class() is None
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -37,6 +37,10 @@ from numba import njit
 
 # the v2 batch header's size: records start here in an uncompressed batch
 RECORDS_START = 61
+# kafka-python 3.0's ConsumerRecord, which the records are built as (another: the library's reader)
+RECORD_FIELDS = ("topic", "partition", "leader_epoch", "offset", "timestamp", "timestamp_type", "key",
+                 "value", "headers", "checksum", "serialized_key_size", "serialized_value_size",
+                 "serialized_header_size")
 
 
 @njit(cache=True, nogil=True)
@@ -154,7 +158,8 @@ def partition_records_class():
               "_contains_abort_marker", "_is_batch_aborted", "_deserialize")
     if library is None or not all(hasattr(library, name) for name in needed) \
             or not all(hasattr(kafka_fetcher, name) for name in ("Errors", "IsolationLevel",
-                                                                  "ConsumerRecord")):
+                                                                  "ConsumerRecord")) \
+            or getattr(kafka_fetcher.ConsumerRecord, "_fields", None) != RECORD_FIELDS:
         return None
     return _fast_class(library, kafka_fetcher)
 
