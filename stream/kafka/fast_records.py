@@ -114,7 +114,8 @@ def _slices(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> list:
 def _records_of(batch, tp, leader_epoch, consumer_record):
     """The batch's records as ConsumerRecords if the compiled pass reads all of them, else None.
 
-    Nothing here changes the batch: on None the library reads it from the start."""
+    Only the batch's decompression happens here (the library's reader would do it first, and
+    does not again): on None the library reads the batch from its first record."""
     batch._maybe_uncompress()   # kafka-python's (with codec_errors' header on failure)
     data = bytes(batch._buffer)
     n = batch.records_count
@@ -149,7 +150,7 @@ def install(consumer) -> bool:
     return True
 
 
-def partition_records_class():
+def partition_records_class() -> type | None:
     """The fast ``PartitionRecords`` for the installed kafka-python, or None if its fetcher
     lacks what ours builds on."""
     from kafka.consumer import fetcher as kafka_fetcher
