@@ -14,8 +14,9 @@ orders would then hold different ids, and different values, in their slots. In f
   nothing (S = 0); eviction adds S to the id's cells (its estimate grows by exactly S). Learning
   on a held id adds to its S (published per id), learning on any other id adds to the cells.
 - The kernels read a slot as the whole vector (``models._sgd``), so the slot row holds the *view*
-  S + estimate, refreshed at every apply and after a take (by the replica: at once, or before
-  it learns again, ``models.replica.ModelReplica.ready``): O(held x depth x light_dim) in one
+  S + estimate, refreshed by the replica (``models.replica.ModelReplica.ready``): at every take
+  and apply, or, deferred (a fleet member), where an apply moved S at once and everywhere every
+  few takes and applies and when the replica settles: O(held x depth x light_dim) in one
   compiled pass, ~0.3 ms for ML-100k's held slots at d = 64. Admitted ids get theirs at once.
 
 So the cells, each held id's S and the membership are the same function of the set of applied
@@ -189,7 +190,7 @@ class FleetSlots:
 def _refresh(rows, view, S, keys, families, slots, cells, salts, bias, bias_salts):
     """For each held slot: view = float32(S + estimate) (vector, zeros, bias) and the slot row
     = view + (row - old view), in one pass: the arithmetic of ``gather_rows`` and numpy's, in
-    the same order, without temporaries (a refresh runs at every take and apply)."""
+    the same order, without temporaries (it runs often: see the module docstring)."""
     k, light = salts.shape[1], salts.shape[2]
     dim = rows.shape[1] - 1
     addr, sign = np.empty((k, light), np.int64), np.empty((k, light), np.float64)

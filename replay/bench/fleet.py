@@ -71,11 +71,17 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
                 raise RuntimeError(f"the {n} members did not settle into one group")
             time.sleep(0.05)
 
-    produce(copies, bootstrap, topic, batch=batch, partitions=PARTITIONS, held_until=start_and_settle)
+    try:
+        produce(copies, bootstrap, topic, batch=batch, partitions=PARTITIONS,
+                held_until=start_and_settle)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
     reports = []
     for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        if proc.returncode != 0:
+        out = proc.stdout.read()   # to its end (stderr is _follow_assignments')
+        if proc.wait(timeout=600) != 0:
             raise RuntimeError(f"a fleet member failed ({proc.returncode})")
         reports.append(json.loads(out.strip().splitlines()[-1]))
     return reports
@@ -96,8 +102,8 @@ def _follow_assignments(stderr, held: set) -> None:
 
 def fleet_rate(reports: list[dict]) -> float:
     """Ratings/s of the fleet while every member was learning (from the last member's first
-    learned batch to the first member's last: members start seconds apart, and one alone for
-    a while learns as a lone member does); one member: its first to its last batch."""
+    learned batch to the first member's last: a member alone learns as a lone member does);
+    one member: its first to its last batch."""
     start = max(r["first_at"] for r in reports)
     end = min(r["last_at"] for r in reports)
     if end - start < 0.5:   # hardly any overlap: the whole span instead
