@@ -77,7 +77,8 @@ class Catalogue:
                 grown[:n0] = self._keys[:n0]
                 self._keys = grown  # readers holding the old buffer still see a valid prefix
             self._keys[n0:n1] = keys[new]
-            self._known = np.union1d(known, uniq)
+            # uniq is sorted and disjoint from known: insert in place of re-sorting the union
+            self._known = np.insert(known, np.searchsorted(known, uniq), uniq)
             self.ids.extend(ids[n].item() if hasattr(ids[n], "item") else ids[n] for n in new)
 
     def snapshot(self) -> tuple[list, np.ndarray]:
