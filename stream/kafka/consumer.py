@@ -35,6 +35,7 @@ from sketchrec.stream.kafka import codec_errors, fast_records
 from sketchrec.stream.kafka.messages import Parsed, dead_letter, parse_fast, parse_message
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.serving.health import log_event
+from sketchrec.stream.serving.server import freeze_startup
 from sketchrec.stream.serving.recommender import Recommender
 from sketchrec.stream.serving.service import LearningService, NoCheckpoint
 
@@ -147,6 +148,9 @@ class KafkaLearner:
         message, a failed commit or a failed checkpoint never ends it; ``last_checkpoint_ok``
         says whether the final checkpoint was written."""
         from kafka.errors import KafkaError
+        # a consumer allocates a record per message: collections over start-up's objects cost
+        # a fifth of its time with one rating per message (bench.kafka: 140k -> 178k/s)
+        freeze_startup()
         last_data = time.monotonic()
         try:
             while not self.stop.is_set():
