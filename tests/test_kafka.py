@@ -262,3 +262,32 @@ def test_ldp_producer_the_server_never_sees_a_raw_rating(kafka_bootstrap, tmp_pa
     assert local["perturbed_on_device"] == 3000 and local["raw"] == 0
     assert local["server_saw_raw_ratings"] is False and local["debiased"] is True
     assert local["mechanism"] == {"mechanism": "BoundedLaplace", "epsilon": 2.0, "range": [1.0, 5.0]}
+
+
+def test_a_held_produce_shows_nothing_to_our_consumers_until_it_commits(kafka_bootstrap):
+    """produce(held_until=...) (what bench.fleet starts its members under): a read_committed
+    reader sees none of the ratings while ``held_until`` runs, then every one of them."""
+    from kafka import KafkaConsumer, TopicPartition
+    topic = f"held-{uuid.uuid4().hex[:8]}"
+    data = SyntheticStream(n_ratings=3_000, n_users=200, n_items=100, seed=4).all()
+    reader = KafkaConsumer(bootstrap_servers=kafka_bootstrap, isolation_level="read_committed",
+                           enable_auto_commit=False, auto_offset_reset="earliest")
+
+    def read_for(seconds: float) -> int:
+        if not reader.assignment():
+            tps = [TopicPartition(topic, p) for p in reader.partitions_for_topic(topic)]
+            reader.assign(tps)
+            reader.seek_to_beginning(*tps)
+        got, deadline = 0, time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            got += sum(len(v) for v in reader.poll(timeout_ms=200).values())
+        return got
+
+    seen_while_held = []
+    sent = produce(data, kafka_bootstrap, topic, batch=10, partitions=2,
+                   held_until=lambda: seen_while_held.append(read_for(2.0)))
+    try:
+        assert seen_while_held == [0]
+        assert read_for(3.0) == sent["messages"] > 0
+    finally:
+        reader.close()

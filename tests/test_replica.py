@@ -208,3 +208,34 @@ def test_a_bitmap_that_does_not_match_its_values_is_refused():
     for bad in ({**good, "x.v": good["x.v"][1:]}, {**good, "x.b": good["x.b"] | np.uint8(0x80)}):
         with pytest.raises(ValueError, match="bitmap"):
             entries_of(bad, "x", like)
+
+
+def test_an_apply_refreshes_at_once_the_held_slots_whose_residuals_it_moved(stream, monkeypatch):
+    """A fleet replica (deferred) refreshes every held slot only every FULL_REFRESH_EVERY takes
+    and applies; the slots an apply moved the residuals of are refreshed by the apply itself, so
+    the other members' learning on held ids is learned from at once. A replica whose apply left
+    them out would serve and learn from rows a full refresh still changes."""
+    from sketchrec.models.fleet_slots import FleetSlots
+    from sketchrec.stream.serving import replica
+    monkeypatch.setattr(replica, "RERANK_S", 1e9)   # no settle (a full refresh) on a slow machine
+
+    def routed_rows_are_fresh() -> bool:
+        users, items, ratings = stream
+        a, b = recommender(), recommender()
+        ta, tb = DeltaTracker(a), DeltaTracker(b)
+        for start in (0, 2000):   # the first round announces heavy ids, the second learns on them
+            a.learn_many(users[start:start + 2000], items[start:start + 2000], ratings[start:start + 2000])
+            arrays = decode(blob := ta.take())[1]
+            tb.apply(blob)
+        slots = tb._model.slots
+        routed = slots.locate(arrays["slot_keys"], arrays["slot_families"])
+        routed = routed[routed >= 0]
+        before = b.model.heavy.cells[routed].copy()
+        assert len(routed) > 50 and tb._model.stale   # held ids moved; the rest not yet refreshed
+        slots.refresh()                                # what a full refresh makes of them
+        return np.array_equal(before, b.model.heavy.cells[routed])
+
+    assert routed_rows_are_fresh()
+    route = FleetSlots.route   # an apply told that no held slot moved refreshes none of them
+    monkeypatch.setattr(FleetSlots, "route", lambda self, *a: (route(self, *a), np.empty(0, np.int64))[1])
+    assert not routed_rows_are_fresh()
