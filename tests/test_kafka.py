@@ -291,3 +291,29 @@ def test_a_held_produce_shows_nothing_to_our_consumers_until_it_commits(kafka_bo
         assert read_for(3.0) == sent["messages"] > 0
     finally:
         reader.close()
+
+
+def test_a_batch_failing_its_crc_is_set_aside_and_the_rest_learned(kafka_bootstrap, tmp_path, monkeypatch):
+    """A record batch whose CRC does not hold (the bundled broker stores what it is sent) is
+    counted, dead-lettered whole and stepped over; the ratings before and after it are learned.
+    Before, every poll raised on it again and the consumer reported the broker lost, for ever."""
+    import kafka.record.default_records as records
+    from kafka import KafkaProducer
+    topic = f"crc-{uuid.uuid4().hex[:8]}"
+    ensure_topic(kafka_bootstrap, topic, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=0)
+    real = records.calc_crc32c
+    for n in range(3):   # three batches: good, with a wrong CRC, good
+        if n == 1:
+            monkeypatch.setattr(records, "calc_crc32c", lambda data: (real(data) + 1) & 0xFFFFFFFF)
+        for k in range(5):
+            producer.send(topic, f"{10 * n + k},{k},4".encode())
+        producer.flush()
+        monkeypatch.setattr(records, "calc_crc32c", real)
+    producer.close()
+    result = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path, "--group", f"g-{topic}"))
+    assert result["ratings_learned"] == 10
+    assert result["skipped"] == {"batch failing its CRC check": 5}
+    letters = [json.loads(value) for value in read_whole_topic(kafka_bootstrap, f"{topic}.dead")]
+    assert [(x["reason"], x["offset"], x["last_offset"], x["messages"]) for x in letters] == \
+        [("batch failing its CRC check", 5, 9, 5)]

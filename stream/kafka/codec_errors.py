@@ -7,6 +7,9 @@ exception kills the consumer on the first such batch, and again at every restart
 raises it is turned into an :class:`UnreadableBatch`: the partition, its offset range and the
 codec. The caller counts it under the reason ``unreadable <codec> batch``, dead-letters it, and
 the consumer is sought past it, so learning goes on with the next batch and the other partitions.
+A batch whose CRC does not hold (a broker that stores what it is sent, as the bundled one does)
+is set aside the same way, under ``batch failing its CRC check``: our record reader
+(``fast_records``) attaches its header to kafka-python's ``CorruptRecordError``.
 
 kafka-python's exception names neither the partition nor the batch. The partition is the one its
 fetcher was reading (``Fetcher._next_partition_records``); the batch's offsets come from its
@@ -30,13 +33,24 @@ MAX_DEAD_BATCH_BYTES = 256 << 10  # larger raw batches are dead-lettered without
 
 @dataclass(frozen=True)
 class BatchHeader:
-    """What a v2 record batch's (uncompressed) header says about it."""
+    """What a v2 record batch's (uncompressed) header says about it, and what is wrong with it:
+    ``problem`` "codec" (cannot be decompressed) or "crc" (its CRC does not hold)."""
 
     base_offset: int
     next_offset: int
     records: int
     codec: str
     raw: bytes | None  # the batch as fetched, if small enough to dead-letter
+    problem: str = "codec"
+
+
+def header_of(batch, problem: str = "codec") -> BatchHeader:
+    """The header of a kafka-python ``DefaultRecordBatch`` (parsed from its first bytes, before
+    any decompression)."""
+    raw = bytes(batch._buffer) if len(batch._buffer) <= MAX_DEAD_BATCH_BYTES else None
+    return BatchHeader(batch.base_offset, batch.next_offset, batch._num_records,
+                       CODECS.get(batch.compression_type, f"codec-{batch.compression_type}"), raw,
+                       problem)
 
 
 @dataclass(frozen=True)
@@ -51,10 +65,11 @@ class UnreadableBatch:
     codec: str
     error: str
     raw: bytes | None = None
+    problem: str = "codec"
 
     @property
     def reason(self) -> str:
-        return f"unreadable {self.codec} batch"
+        return "batch failing its CRC check" if self.problem == "crc" else f"unreadable {self.codec} batch"
 
     def dead_letter(self) -> bytes:
         """The dead-letter record, in the form of ``messages.dead_letter`` plus the batch's range."""
@@ -83,11 +98,7 @@ def install() -> None:
         try:
             original(self)
         except Exception as exc:
-            # the header was parsed from the batch's first bytes, before any decompression
-            raw = bytes(self._buffer) if len(self._buffer) <= MAX_DEAD_BATCH_BYTES else None
-            exc.sketchrec_batch = BatchHeader(self.base_offset, self.next_offset, self._num_records,
-                                              CODECS.get(self.compression_type,
-                                                         f"codec-{self.compression_type}"), raw)
+            exc.sketchrec_batch = header_of(self)
             raise
 
     DefaultRecordBatch._maybe_uncompress = _maybe_uncompress
@@ -110,7 +121,7 @@ def unreadable(consumer, exc: BaseException) -> UnreadableBatch | None:
     first = max(position, header.base_offset)
     messages = header.records if first == header.base_offset else header.next_offset - first
     return UnreadableBatch(tp.topic, tp.partition, first, header.next_offset, messages, header.codec,
-                           str(exc), header.raw)
+                           str(exc), header.raw, header.problem)
 
 
 def poll_past_unreadable(consumer, set_aside: Callable[[UnreadableBatch], None],

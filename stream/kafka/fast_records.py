@@ -35,6 +35,8 @@ from itertools import repeat
 import numpy as np
 from numba import njit
 
+from sketchrec.stream.kafka import codec_errors
+
 # the v2 batch header's size: records start here in an uncompressed batch
 RECORDS_START = 61
 # kafka-python 3.0's ConsumerRecord, which the records are built as (another: the library's reader)
@@ -188,9 +190,12 @@ def _fast_class(library, kafka_fetcher):
                 while batch is not None:
                     last_batch = batch
                     if self.check_crcs and not batch.validate_crc():
-                        raise errors.CorruptRecordError(
+                        exc = errors.CorruptRecordError(
                             "Record batch for partition %s at offset %s failed crc check" % (
                                 self.topic_partition, batch.base_offset))
+                        if batch.magic == 2:   # ours: the consumer can set the batch aside
+                            exc.sketchrec_batch = codec_errors.header_of(batch, "crc")
+                        raise exc
                     if batch.magic == 2:
                         self.leader_epoch = batch.leader_epoch
                         if self.isolation_level == read_committed and batch.has_producer_id():
