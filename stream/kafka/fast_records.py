@@ -30,6 +30,7 @@ compression, tombstones, keys, headers).
 
 from __future__ import annotations
 
+import functools
 from itertools import repeat
 
 import numpy as np
@@ -167,12 +168,8 @@ def partition_records_class() -> type | None:
     return _fast_class(library, kafka_fetcher)
 
 
-_classes: dict = {}
-
-
+@functools.cache   # one class per kafka-python PartitionRecords
 def _fast_class(library, kafka_fetcher):
-    if library in _classes:
-        return _classes[library]
     errors = kafka_fetcher.Errors
     read_committed = kafka_fetcher.IsolationLevel.READ_COMMITTED
     consumer_record = kafka_fetcher.ConsumerRecord
@@ -252,5 +249,4 @@ def _fast_class(library, kafka_fetcher):
             except StopIteration:   # as kafka-python: a StopIteration must not end the generator
                 raise RuntimeError('StopIteration raised unpacking messageset')
 
-    _classes[library] = FastPartitionRecords
     return FastPartitionRecords
