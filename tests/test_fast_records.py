@@ -110,10 +110,14 @@ def test_a_consumer_reads_a_real_topic_as_the_library_does(kafka_bootstrap, monk
     topic = f"fast-records-{uuid.uuid4().hex[:8]}"
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
     for i in range(3_000):
-        tombstone = i % 501 == 0   # a null value (it needs a key)
+        tombstone, headed = i % 501 == 0, i % 997 == 0   # a null value needs a key
+        if headed:
+            producer.flush()   # a message with headers in a batch of its own: only it goes slow
         producer.send(topic, key=str(i).encode() if tombstone or i % 7 == 0 else None, partition=i % 2,
                       value=None if tombstone else f"{i},{i % 50},{1 + i % 5}".encode(),
-                      headers=[("origin", b"ldp")] if i % 997 == 0 else None)
+                      headers=[("origin", b"ldp")] if headed else None)
+        if headed:
+            producer.flush()
     producer.flush()
     producer.close()
     for codec in ("gzip", "lz4", "zstd"):
@@ -147,4 +151,6 @@ def test_a_consumer_reads_a_real_topic_as_the_library_does(kafka_bootstrap, monk
                         lambda *a: whole.append(real(*a)) or whole[-1])
     fast, library = everything(True), everything(False)
     assert len(library) >= 3_000 and fast == library
-    assert sum(len(got[0]) for got in whole if got) > 2_500   # the plain messages went fast
+    # every record without headers was read by the compiled pass (a batch fetched twice counts once)
+    assert {(r.partition, r.offset) for got in whole if got for r in got[0]} == \
+        {(r.partition, r.offset) for r in library if not r.headers}
