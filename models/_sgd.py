@@ -27,10 +27,11 @@ from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
 from sketchrec.sketches.hashing import mix64, unit_interval
 from sketchrec.models._adaptive import SGD, adagrad_steps, adopt, sum_squares
 from sketchrec.models.heavy_filter import find, touch
+from sketchrec.models.implicit import implicit_step, implicit_sum, remember, row_of
 from sketchrec.models.storage import ITEM, USER
 
 # positions in the hyper-parameter vector handed to the kernels
-LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU, OPTIMIZER, ACC0 = range(8)
+LR, REG, BIAS_REG, INIT_STD, CLIP_LOSS, SGLD_TAU, OPTIMIZER, ACC0, IMPLICIT_LR, IMPLICIT_REG = range(10)
 # positions in the running-statistics vector: count, sum, min, max of learned ratings
 COUNT, TOTAL, RMIN, RMAX = range(4)
 # positions in the counters vector
@@ -252,6 +253,9 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
     q = np.empty(d)
     p0 = np.empty(d)
     q0 = np.empty(d)
+    z = np.empty(d)
+    pz = np.empty(d)
+    imp = store.implicit
     dp = np.empty(d)
     dq = np.empty(d)
     b = np.empty(1)
@@ -271,7 +275,12 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
                         hp[INIT_STD], ai, si, q, q0)
         bu = read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], abu, sbu, b)
         bi = read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], abi, sbi, b)
-        pred = mean_of(stats) + bu + bi + dot(p, q)
+        row = row_of(imp, ukeys[n], False)
+        held = implicit_sum(imp, row, z)
+        if held:  # the user's whole vector, summed as the predicting kernels sum it
+            for l in range(d):
+                pz[l] = p[l] + z[l]
+        pred = mean_of(stats) + bu + bi + dot(pz if held else p, q)
         out_pred[n] = clip_to_range(pred, stats)
         # count the sightings after the prediction, which is then exactly what predict_many
         # returns beforehand; an id admitted now takes its step in its new slot
@@ -291,6 +300,11 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
         take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
         if not take:
             continue
+        if held:  # the item's step follows the user's whole vector p + z; z's own, the y's
+            for l in range(d):
+                dq[l] -= hp[LR] * (pred - ratings[n]) * z[l]
+            implicit_step(imp, row, held, pred - ratings[n], q, hp[IMPLICIT_LR], hp[IMPLICIT_REG])
+        remember(imp, ukeys[n], ikeys[n])
         if adaptive:
             db[0], db[1] = dbu, dbi
             adagrad_steps(acc, mode, uslot, islot, au, ai, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
@@ -303,6 +317,14 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
         write_slot_or_cells(bias_cells, fvectors, islot, d, abi, sbi, db[:1], noise_std, slot_noise_std)
         record_rating(stats, ratings[n])
         counters[LEARNED] += 1
+
+
+@njit(inline="always", cache=True)
+def add_implicit(imp, ukey, p, z):
+    """p += the user's implicit term (``models.implicit``; z is scratch)."""
+    if implicit_sum(imp, row_of(imp, ukey, False), z):
+        for l in range(p.shape[0]):
+            p[l] += z[l]
 
 
 @njit(inline="always", cache=True)
@@ -324,6 +346,7 @@ def sketch_predict(store, ukeys, ikeys, hp, stats, clip, out):
     for n in range(ukeys.shape[0]):
         uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], USER,
                         hp[INIT_STD], addr, sign, p, start)
+        add_implicit(store.implicit, ukeys[n], p, start)
         islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], ITEM,
                         hp[INIT_STD], addr, sign, q, start)
         pred = (mu + dot(p, q)
@@ -340,6 +363,7 @@ def sketch_score(store, ukey, ikeys, hp, stats, out):
     addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u, init_u)
     uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukey, USER,
                     hp[INIT_STD], addr, sign, p, start)
+    add_implicit(store.implicit, ukey, p, start)
     base = mean_of(stats) + read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukey, baddr, bsign, b)
     for n in range(ikeys.shape[0]):
         islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], ITEM,
@@ -358,4 +382,6 @@ def sketch_factors(store, keys, family, init_std, vectors, biases):
     for n in range(keys.shape[0]):
         slot = read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, keys[n],
                        family, init_std, addr, sign, vectors[n], start)
+        if family == USER:
+            add_implicit(store.implicit, keys[n], vectors[n], start)
         biases[n] = read_bias_of(bias_cells, bsalts, fvectors, slot, keys[n], baddr, bsign, b)

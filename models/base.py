@@ -12,8 +12,8 @@ import numpy as np
 from river.reco.base import Ranker
 
 from sketchrec.models._adaptive import OPTIMIZERS
-from sketchrec.models._sgd import (ACC0, BIAS_REG, CLIP_LOSS, COUNT, INIT_STD, LEARNED, LR,
-                                   OPTIMIZER, REG, RMAX, RMIN, SGLD_TAU, SKIPPED_CLIP,
+from sketchrec.models._sgd import (ACC0, BIAS_REG, CLIP_LOSS, COUNT, IMPLICIT_LR, IMPLICIT_REG,
+                                   INIT_STD, LEARNED, LR, OPTIMIZER, REG, RMAX, RMIN, SGLD_TAU, SKIPPED_CLIP,
                                    SKIPPED_DIVERGED, TOTAL, seed_numba)
 from sketchrec.models.storage import ITEM, USER
 from sketchrec.sketches import serial
@@ -90,13 +90,16 @@ class FactorizationModel(Ranker):
 
     def hyper(self, epoch: int = 0) -> np.ndarray:
         """The kernels' hyper-parameter vector for one epoch (learning-rate schedule applied)."""
-        hp = np.empty(8, dtype=np.float64)
-        hp[LR] = self.lr / (1.0 + epoch / self.lr_schedule_T)
+        hp = np.empty(10, dtype=np.float64)
+        decay = 1.0 / (1.0 + epoch / self.lr_schedule_T)
+        hp[LR] = self.lr * decay
         hp[REG], hp[BIAS_REG], hp[INIT_STD] = self.reg, self.bias_reg, self.init_std
         hp[CLIP_LOSS] = math.inf if self.clip_loss is None else self.clip_loss
         hp[SGLD_TAU] = 0.0 if self.sgld_temperature is None else self.sgld_temperature
         hp[OPTIMIZER] = OPTIMIZERS[getattr(self, "optimizer", "sgd")]
         hp[ACC0] = getattr(self, "acc0", 1.0)
+        hp[IMPLICIT_LR] = getattr(self, "implicit_lr", 0.0) * decay
+        hp[IMPLICIT_REG] = getattr(self, "implicit_reg", 0.0)
         return hp
 
     # --- state <-> bytes (checkpoints) ---------------------------------------------------------------

@@ -50,7 +50,7 @@ MEMBER_CLASSES = {"BiasBaseline": BiasBaseline, "SketchMF": SketchMF}
 DEFAULT_MEMBERS = (
     {"model": "BiasBaseline"},
     {"model": "SketchMF", "optimizer": "adagrad-id", "lr": 0.2, "reg": 0.02,
-     "epochs": {"lr": 0.1, "reg": 0.12}},
+     "epochs": {"lr": 0.07, "reg": 0.12, "implicit": 64}},
 )
 
 

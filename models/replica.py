@@ -204,6 +204,9 @@ class ModelReplica:
         self.dtype = np.float16 if precision == "float16" else None
         if not hasattr(model, "heavy") or not hasattr(model, "vectors"):
             raise TypeError(f"replicas need a SketchMF, not {type(model).__name__}")
+        if getattr(model, "implicit", 0):
+            raise ValueError("replicas exchange the sketch's cells and slots: a learner with an "
+                             "implicit history (implicit > 0) keeps state they would not carry")
         self.model = model
         self.slots = FleetSlots(model, admit_after) if model.heavy.n_slots else None
         m = model

@@ -10,6 +10,7 @@ from sketchrec.models._sgd import (LEARNED, TOTAL, sketch_factors, sketch_learn,
 from sketchrec.models.base import ITEM, USER, FactorizationModel
 from sketchrec.models.dp_sgd import DPConfig, NoisyStepper
 from sketchrec.models.heavy_filter import HeavyFilter, slot_bytes
+from sketchrec.models.implicit import ImplicitHistory
 from sketchrec.models.storage import FactorStore
 from sketchrec.sketches.count_sketch import CountSketch, width_for_space_gain
 from sketchrec.sketches.hashing import as_keys
@@ -60,7 +61,8 @@ class SketchMF(FactorizationModel):
                  lr_schedule_T: float = 20.0, sgld_temperature: float | None = None,
                  clip_loss: float | None = None, seed: int = 0, dp: DPConfig | dict | None = None,
                  heavy_fraction: float | None = None, heavy_slots: int | None = None,
-                 light_dim: int | None = None, optimizer: str = "sgd", acc0: float = 1.0):
+                 light_dim: int | None = None, optimizer: str = "sgd", acc0: float = 1.0,
+                 implicit: int = 0, implicit_lr: float = 0.005, implicit_reg: float = 0.2):
         super().__init__(dim=dim, lr=lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
                          lr_schedule_T=lr_schedule_T, sgld_temperature=sgld_temperature,
                          clip_loss=clip_loss, seed=seed)
@@ -78,8 +80,11 @@ class SketchMF(FactorizationModel):
             raise ValueError("DP-SGD and SGLD take plain SGD steps (their noise is calibrated to "
                              "them): optimizer must be 'sgd'")
         self.optimizer, self.acc0 = optimizer, float(acc0)
+        self.implicit_lr, self.implicit_reg = float(implicit_lr), float(implicit_reg)
+        self.history = ImplicitHistory.off(self.dim)
         self._bind_store()
         self._dp = DPConfig.of(dp)
+        self.implicit = implicit
         self.dp_steps = np.zeros(1, dtype=np.int64)      # noisy steps taken (public: not a noise seed)
         self.user_counts: dict[int, int] = {}           # stream mode, user unit: ratings kept per user
         self._stepper = None
@@ -147,12 +152,28 @@ class SketchMF(FactorizationModel):
             # light ids keep only their first light_dim components in the sketch
             salts=np.stack([self.vectors.salts(f)[:, :self.light_dim] for f in (USER, ITEM)]),
             bias_salts=np.stack([self.biases.salts(USER), self.biases.salts(ITEM)]),
-            init_salts=self._init_salts, heavy=self.heavy.slots())
+            init_salts=self._init_salts, heavy=self.heavy.slots(), implicit=self.history.arrays)
         if self.optimizer == "sgd":
             self.acc = Accumulators.empty()
         elif getattr(self, "acc", None) is None:
             self.acc = Accumulators.like(self.vectors.cells, self.biases.cells, self.heavy.n_slots,
                                          self.dim, per_id=self.optimizer == "adagrad-id")
+
+    @property
+    def implicit(self) -> int:
+        """Items of a user's history in its vector (``models.implicit``, SVD++'s implicit
+        feedback; 0: off). Can be switched on before learning (``Experts`` does it for epochs)."""
+        return self.history.length
+
+    @implicit.setter
+    def implicit(self, length: int) -> None:
+        if int(length) == self.history.length:
+            return
+        if length and (self._dp is not None or self.sgld_temperature or self.clip_loss is not None):
+            raise ValueError("the privacy modes' steps are accounted for p, q and the biases "
+                             "alone: implicit must be 0 with dp, SGLD or loss clipping")
+        self.history = ImplicitHistory.sized(self.capacity, int(length), self.dim)
+        self._bind_store()
 
     @property
     def heavy_slots(self) -> int:
@@ -185,7 +206,8 @@ class SketchMF(FactorizationModel):
         adaptive = {} if self.optimizer == "sgd" else dict(zip(("acc_vectors", "acc_biases",
                                                                  "acc_heavy"), self.acc))
         return {"vectors": self.vectors.cells, "biases": self.biases.cells, "dp_steps": self.dp_steps,
-                **{saved: heavy[name] for name, saved in _FILTER_ARRAYS.items()}, **adaptive}
+                **{saved: heavy[name] for name, saved in _FILTER_ARRAYS.items()}, **adaptive,
+                **self.history.state_arrays()}
 
     def operator_state(self) -> bytes:
         """The user unit's exact cap counts (keys: public hashes of ids), kept out of to_bytes()
@@ -214,13 +236,14 @@ class SketchMF(FactorizationModel):
                                         arrays["capped_counts"].tolist()))
         if "acc_vectors" in arrays:
             self.acc = Accumulators(arrays["acc_vectors"], arrays["acc_biases"], arrays["acc_heavy"])
+        self.history.load(arrays)
         self._bind_store()
         self._stepper = None
 
     @property
     def nbytes(self) -> int:
         return (self.vectors.nbytes + self.biases.nbytes + self.heavy.nbytes + self.stats.nbytes
-                + self.counters.nbytes + sum(a.nbytes for a in self.acc))
+                + self.counters.nbytes + sum(a.nbytes for a in self.acc) + self.history.nbytes)
 
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
         if self.dp is None:

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sketchrec.models.implicit import Implicit
+
 USER, ITEM = 0, 1  # hash families: the first index of the salt stacks
 
 
@@ -47,4 +49,5 @@ class FactorStore(NamedTuple):
     bias_salts: np.ndarray   # (2, depth, 1) uint64
     init_salts: np.ndarray   # (2, dim) uint64: salts of the start vectors
     heavy: HeavySlots
+    implicit: Implicit       # users' rated items and the items' implicit vectors (empty: off)
 

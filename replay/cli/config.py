@@ -98,6 +98,7 @@ class ModelSettings:
     clip_loss: float | None = None
     seed: int = 0
     optimizer: str = "sgd"
+    implicit: int = 0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, private: bool) -> "ModelSettings":
@@ -109,15 +110,16 @@ class ModelSettings:
             return tuned[name] if value is None else value
 
         # --lr, --reg or --optimizer set ONE learner: given without --model they ask for one
-        one = any(v is not None for v in (args.lr, args.reg, args.optimizer))
+        one = any(v is not None for v in (args.lr, args.reg, args.optimizer, args.implicit))
         kind = args.model or ("sketch" if private or one or args.sgld is not None
                               or args.clip_loss is not None else "mix")
         if kind == "mix" and one:
-            raise SystemExit("replay: --lr, --reg and --optimizer set one learner; the combination "
-                             "(--model mix) tunes its members itself: give --model sketch with them")
+            raise SystemExit("replay: --lr, --reg, --optimizer and --implicit set one learner; the "
+                             "combination (--model mix) tunes its members itself: give --model "
+                             "sketch with them")
         return cls(kind, given("dim"), given("lr"), given("reg"), args.depth, args.width,
                    args.space_gain, args.heavy_fraction, args.light_dim, args.bias_reg, args.init_std,
-                   args.sgld, args.clip_loss, args.seed, optimizer)
+                   args.sgld, args.clip_loss, args.seed, optimizer, args.implicit or 0)
 
     def build(self, capacity: int, dp=None, prog: str = "replay"):
         """The model, sized for ``capacity`` distinct users + items; its own option checks end the
@@ -136,7 +138,8 @@ class ModelSettings:
             if self.kind in ("mix", "bias"):
                 return self._build_mix(capacity, sketch)
             from sketchrec.models import SketchMF
-            return SketchMF(dp=dp, optimizer=self.optimizer, **sketch, **common, **extra)
+            return SketchMF(dp=dp, optimizer=self.optimizer, implicit=self.implicit, **sketch,
+                            **common, **extra)
         except ValueError as exc:
             raise SystemExit(f"{prog}: {exc}") from exc
 

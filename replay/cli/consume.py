@@ -131,6 +131,9 @@ class FleetSettings:
         if DPSettings.from_args(args).enabled or args.ldp_debias:
             ap.error("privacy modes (--dp-*, --ldp-debias) do not run as a fleet yet: one ledger "
                      "needs one learner; run one `consume --checkpoint DIR` process")
+        if args.implicit:
+            ap.error("--implicit does not run as a fleet: members exchange the sketch's cells, "
+                     "not the users' histories")
         given = [args.sync_ratings] if args.sync_ratings is not None else []
         if min(args.sync_ms, args.snapshot_seconds, *given) <= 0:
             ap.error("--sync-ms, --sync-ratings and --snapshot-seconds must be positive")

@@ -101,6 +101,10 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     "0 = the thesis's pure count sketch, and always 0 with DP-SGD)")
     ap.add_argument("--light-dim", type=positive_int, help="components the other ids keep in the sketch "
                     "(default: as many as fill it about once, at most d)")
+    ap.add_argument("--implicit", type=nonnegative_int, metavar="K", help="one factor model "
+                    "(--model sketch) adds to a user's vector its last K distinct rated items' "
+                    "implicit vectors (SVD++; 0 = off, the default; not with the privacy modes). "
+                    "The combination turns it on (K = 64) when it trains several epochs")
     ap.add_argument("--optimizer", choices=("sgd", "adagrad", "adagrad-id"), help="steps of one "
                     "factor model (--model sketch): 'sgd' the thesis's plain SGD (default; always "
                     "with DP-SGD and SGLD); 'adagrad' per-coordinate AdaGrad (sums in a count-min "
