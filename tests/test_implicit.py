@@ -147,3 +147,18 @@ def test_a_combination_trained_for_epochs_shares_and_restores_its_histories():
     np.testing.assert_array_equal(twin.predict_many(users, items), expected)
     np.testing.assert_array_equal(Experts.from_bytes(model.to_bytes()).predict_many(users, items),
                                   expected)
+
+
+def test_users_keep_their_histories_while_the_table_has_room_and_a_light_one_goes_first():
+    # 8 rows for 8 users: whatever their hashes, each finds a row of its own (a table addressed
+    # by the hash alone loses some to collisions); a 9th takes the row holding the fewest items
+    from sketchrec.sketches.hashing import as_keys
+    model = SketchMF(dim=4, capacity=8, implicit=4)
+    for user in range(8):
+        model.learn_many([user] * (user + 2), np.arange(user + 2), np.full(user + 2, 3.0))
+    arrays = model.history.arrays
+    assert sorted(arrays.owners.tolist()) == sorted(as_keys(list(range(8))).tolist())
+    model.learn_many([99], [1], [3.0])
+    owners = set(arrays.owners.tolist())
+    assert int(as_keys([99])[0]) in owners and int(as_keys([0])[0]) not in owners
+    assert all(int(k) in owners for k in as_keys(list(range(1, 8))))
