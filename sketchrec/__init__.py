@@ -14,7 +14,11 @@ True
 
 from importlib.metadata import PackageNotFoundError, version
 
-from sketchrec.models import DenseMF, SketchMF
+from sketchrec import _kernel_cache
+
+_kernel_cache.choose()   # before any kernel module is imported (see its docstring)
+
+from sketchrec.models import DenseMF, SketchMF  # noqa: E402
 
 try:
     __version__ = version("sketchrec")

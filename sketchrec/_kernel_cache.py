@@ -1,0 +1,69 @@
+"""Where numba keeps the compiled kernels: one directory per state of the package's sources.
+
+numba's cache (``@njit(cache=True)``) is invalidated by a change to the file that defines a kernel
+only, but our kernels inline helpers from other modules (the heavy filter, AdaGrad's sums and the
+implicit term all compile into ``models/_sgd.py``'s loops): after an edit of a helper alone, or a
+``git pull`` that touches only it, numba would go on running the old helper, silently. Keying the
+cache directory by the size and modification time of every source file of the compiled
+subpackages makes any such change start from a fresh cache (the first run compiles again, ~25 s).
+
+The directory is ``$NUMBA_CACHE_DIR/<stamp>`` when that variable is set, else
+``~/.cache/sketchrec/numba/<stamp>`` (there the three most recent stamps are kept, and older
+ones once a day unused); where neither
+can be written numba keeps its own default. It must be chosen before any kernel module is
+imported: numba fixes a kernel's cache location when the decorator runs.
+
+>>> len(sources_stamp([Path(__file__).parent]))
+16
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+COMPILED = ("sketchrec.sketches", "sketchrec.models", "sketchrec.privacy", "sketchrec.stream")
+KEEP = 3
+
+
+def sources_stamp(roots: list[Path]) -> str:
+    """A digest of the names, sizes and modification times of the .py files under ``roots``."""
+    digest = hashlib.blake2b(digest_size=8)
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            stat = path.stat()
+            digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
+
+
+def _roots() -> list[Path]:
+    roots = []
+    for name in COMPILED:
+        spec = find_spec(name)
+        roots += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return roots
+
+
+def choose() -> str | None:
+    """Point numba's cache at this source state's directory; returns it (None: numba's default)."""
+    import numba
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    try:
+        base = Path(given) if given else Path.home() / ".cache" / "sketchrec" / "numba"
+        target = base / sources_stamp(_roots())
+        target.mkdir(parents=True, exist_ok=True)
+    except (OSError, RuntimeError):   # RuntimeError: no home directory to be found
+        return None
+    if not given:   # ours alone: older source states' kernels go, once a day old (not in use)
+        states = sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        day_ago = time.time() - 86_400
+        for old in [p for p in states if p != target][:max(0, len(states) - KEEP)]:
+            if old.stat().st_mtime < day_ago:
+                shutil.rmtree(old, ignore_errors=True)
+    os.utime(target)
+    numba.config.CACHE_DIR = str(target)
+    return str(target)

@@ -1,0 +1,34 @@
+"""numba's compiled kernels are cached per state of the package's sources (sketchrec/_kernel_cache):
+an edit of a helper that a kernel inlines from another module must not leave the old one running."""
+
+import os
+import subprocess
+import sys
+import time
+
+from sketchrec._kernel_cache import sources_stamp
+
+
+def test_an_edit_of_any_source_changes_the_stamp(tmp_path):
+    (tmp_path / "kernel.py").write_text("def k(): return helper()\n")
+    (tmp_path / "helper.py").write_text("def helper(): return 1\n")
+    before = sources_stamp([tmp_path])
+    assert sources_stamp([tmp_path]) == before
+    time.sleep(0.01)
+    (tmp_path / "helper.py").write_text("def helper(): return 2\n")   # the kernel file untouched
+    assert sources_stamp([tmp_path]) != before
+
+
+def test_kernels_are_cached_under_the_stamp_of_the_sources(tmp_path):
+    # a fresh process, as a user's: the learner's kernel caches in NUMBA_CACHE_DIR/<stamp>, not in
+    # the __pycache__ beside _sgd.py (where numba would check _sgd.py's own stamp only)
+    probe = ("import sketchrec, numba\n"
+             "from sketchrec.models._sgd import sketch_learn\n"
+             "from sketchrec._kernel_cache import _roots, sources_stamp\n"
+             "print(sketch_learn._cache._cache_path)\n"
+             "print(sources_stamp(_roots()))\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    path, stamp = out
+    assert path.startswith(str(tmp_path / stamp) + os.sep), path
