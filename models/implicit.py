@@ -120,20 +120,22 @@ def bucket_of(imp, ikey):
 
 @njit(inline="always", cache=True)
 def implicit_sum(imp, row, z):
-    """z = n^-1/2 sum of the row's y's; returns n (0 and z = 0 without a history)."""
-    for l in range(z.shape[0]):
-        z[l] = 0.0
+    """z = n^-1/2 sum of the row's y's; returns n (0 without a history: z is then not written,
+    the learner's hot path with the term off does no more than this test)."""
     if row < 0:
         return 0
     n = min(imp.seen[row], imp.items.shape[1])
+    if n == 0:
+        return 0
+    for l in range(z.shape[0]):
+        z[l] = 0.0
     for a in range(n):
         y = imp.vectors[imp.items[row, a]]
         for l in range(z.shape[0]):
             z[l] += y[l]
-    if n > 0:
-        scale = 1.0 / np.sqrt(n)
-        for l in range(z.shape[0]):
-            z[l] *= scale
+    scale = 1.0 / np.sqrt(n)
+    for l in range(z.shape[0]):
+        z[l] *= scale
     return n
 
 
