@@ -241,6 +241,7 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
     (["--fleet", "--group", "g", "--checkpoint", "d"], "not in --checkpoint"),
     (["--fleet", "--group", "g", "--dp-epsilon", "1"], "do not run as a fleet"),
     (["--fleet", "--group", "g", "--ldp-debias"], "do not run as a fleet"),
+    (["--fleet", "--group", "g", "--implicit", "8"], "--implicit does not run as a fleet"),
     (["--group", "g"], "or --fleet with --group"),
     (["--group", "g", "--checkpoint", "d", "--model-topic", "m"], "--model-topic is for --fleet"),
 ])
