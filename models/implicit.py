@@ -67,9 +67,11 @@ class ImplicitHistory:
         return cls(0, 0, 0, dim)
 
     @classmethod
-    def sized(cls, capacity: int | None, length: int, dim: int) -> "ImplicitHistory":
-        """As many rows and buckets as ids expected (``capacity``: users + items; 2^14 unknown)."""
-        n = int(capacity) if capacity else 1 << 14
+    def sized(cls, capacity: int | None, length: int, dim: int,
+              space_gain: float = 1.0) -> "ImplicitHistory":
+        """Rows and buckets for ``capacity`` ids (users + items; 2^14 when unknown) divided by the
+        learner's space gain, which thereby stays the memory knob of the whole model."""
+        n = max(1, int(np.ceil((capacity or 1 << 14) / space_gain)))
         return cls(n, n, length, dim) if length else cls.off(dim)
 
     @property

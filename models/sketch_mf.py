@@ -172,7 +172,8 @@ class SketchMF(FactorizationModel):
         if length and (self._dp is not None or self.sgld_temperature or self.clip_loss is not None):
             raise ValueError("the privacy modes' steps are accounted for p, q and the biases "
                              "alone: implicit must be 0 with dp, SGLD or loss clipping")
-        self.history = ImplicitHistory.sized(self.capacity, int(length), self.dim)
+        self.history = ImplicitHistory.sized(self.capacity, int(length), self.dim,
+                                              self.space_gain)
         self._bind_store()
 
     @property

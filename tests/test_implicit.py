@@ -162,3 +162,10 @@ def test_users_keep_their_histories_while_the_table_has_room_and_a_light_one_goe
     owners = set(arrays.owners.tolist())
     assert int(as_keys([99])[0]) in owners and int(as_keys([0])[0]) not in owners
     assert all(int(k) in owners for k in as_keys(list(range(1, 8))))
+
+
+def test_the_space_gain_shrinks_the_histories_too():
+    # --space-gain is the model's memory knob: the term's table and vectors follow it
+    plain, terse = (SketchMF(dim=8, capacity=4_000, implicit=16, space_gain=g) for g in (1.0, 4.0))
+    assert terse.history.nbytes * 4 == pytest.approx(plain.history.nbytes, rel=0.01)
+    assert terse.history.nbytes < plain.history.nbytes
