@@ -94,9 +94,9 @@ class ImplicitHistory:
 
 @njit(inline="always", cache=True)
 def row_of(imp, ukey, claim):
-    """The user's row, or -1 when it has none (and ``claim`` is False). A user's row is one of
-    the PROBE rows from its hash on; claiming takes a free one of them, else the one holding the
-    fewest items (a light user's history is lost, never a heavy one's: bounded memory)."""
+    """The user's row; -1 when the term is off, or the user has none and ``claim`` is False. A
+    user's row is one of the PROBE rows from its hash on; claiming takes a free one of them, else
+    the one holding the fewest items (a light user's history is lost, never a heavy one's)."""
     rows = imp.owners.shape[0]
     if rows == 0:
         return -1
@@ -143,9 +143,7 @@ def implicit_sum(imp, row, z):
 
 @njit(inline="always", cache=True)
 def implicit_step(imp, row, n, e, q, lr, reg):
-    """Every y of the row's history one step down the rating's error e (see module doc)."""
-    if n == 0:
-        return
+    """Every y of the row's n-item history (n > 0) one step down the rating's error e (module doc)."""
     g, shrink = lr * e / np.sqrt(n), lr * reg / n
     for a in range(n):
         y = imp.vectors[imp.items[row, a]]
@@ -156,9 +154,9 @@ def implicit_step(imp, row, n, e, q, lr, reg):
 @njit(inline="always", cache=True)
 def remember(imp, ukey, ikey):
     """The item joins the user's history (once: a bucket already there is not added again)."""
-    if imp.owners.shape[0] == 0:
-        return
     row = row_of(imp, ukey, True)
+    if row < 0:   # the term is off
+        return
     b = bucket_of(imp, ikey)
     length = imp.items.shape[1]
     for a in range(min(imp.seen[row], length)):

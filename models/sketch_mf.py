@@ -50,6 +50,11 @@ class SketchMF(FactorizationModel):
     is accounted outside the model (``privacy.accounting``), from ``dp.stream_multiplier()`` or
     ``dp.epoch_multiplier()``.
 
+    ``implicit`` K > 0 adds SVD++'s implicit feedback (``models.implicit``): a user's vector also
+    sums the implicit vectors of its last K distinct rated items, kept in a bounded history table
+    (``history``) sized, like the sketch, by ``capacity`` / ``space_gain``. Off by default; not with
+    DP-SGD, SGLD or loss clipping.
+
     ``store`` (a ``models.storage.FactorStore``) holds every learned parameter as the compiled
     kernels take it: the two sketches' cells, their salts, the start vectors' salts and the
     filter's slots.
