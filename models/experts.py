@@ -135,11 +135,13 @@ class Experts(FactorizationModel):
         return cls(**args)
 
     def describe(self) -> str:
-        """The members in one line, e.g. ``bias + sketch adagrad lr=0.2 reg=0.02 d=64``."""
+        """The members in one line, e.g. ``bias + sketch adagrad lr=0.2 reg=0.02 d=64`` (and
+        ``implicit=K`` once a member's epoch settings switch the term on)."""
         def one(spec: dict, model) -> str:
             if spec["model"] == "BiasBaseline":
                 return "bias"
-            return f"sketch {model.optimizer} lr={model.lr:g} reg={model.reg:g} d={model.dim}"
+            implicit = f" implicit={model.implicit}" if getattr(model, "implicit", 0) else ""
+            return f"sketch {model.optimizer} lr={model.lr:g} reg={model.reg:g} d={model.dim}{implicit}"
         return " + ".join(one(s, m) for s, m in zip(self.members, self.members_))
 
     @property

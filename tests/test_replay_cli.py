@@ -92,9 +92,14 @@ def test_the_default_holdout_on_ml100k_meets_issue_22s_bar_through_implicit_feed
     def holdout(*extra):
         assert replay_main([str(ml100k), "--holdout", "0.2", "--epochs", "20", "--seed", "1",
                             *extra, "--quiet", "--json"]) == 0
-        return last_json(capsys)["rmse"]
+        result = last_json(capsys)
+        params[extra] = result["params"]
+        return result["rmse"]
+    params = {}
     assert holdout() <= 0.905
+    assert params[()]["members"] == "bias + sketch adagrad-id lr=0.07 reg=0.12 d=64 implicit=64"
     assert holdout("--model", "sketch", "--implicit", "64") < holdout("--model", "sketch") - 0.003
+    assert params[("--model", "sketch", "--implicit", "64")]["implicit"] == 64
 
 
 @pytest.mark.parametrize("flags, says", [

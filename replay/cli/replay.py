@@ -345,7 +345,7 @@ def _params(run: Run) -> dict:
                 "heavy_fraction": model.heavy_fraction, "heavy_slots": model.heavy.n_slots,
                 "heavy_used": model.heavy.n_used, "light_dim": model.light_dim}
                if s.kind == "sketch" else {}),
-            **({"optimizer": s.optimizer} if s.kind == "sketch" else {}),
+            **({"optimizer": s.optimizer, "implicit": model.implicit} if s.kind == "sketch" else {}),
             **({"sgld": s.sgld, "clip_loss": s.clip_loss, "skipped_by_clip_loss": model.n_skipped_clip,
                 "skipped_diverged": model.n_skipped_diverged} if s.kind != "river" else {})}
 
