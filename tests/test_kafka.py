@@ -119,7 +119,14 @@ def crash_three_times_then_finish(kafka_bootstrap: str, topic: str, ckpt) -> dic
     # whatever was learned after the last checkpoint died with the process
     assert CheckpointStore(ckpt).latest().meta["ratings_learned"] <= killed_at[-1]
 
-    final = run_to_end(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}"))
+    # a finishing run exits once idle with what it was assigned read to the end; in a group that a
+    # killed member has not yet left (its session runs 6 s), that may be part of the topic: the
+    # rest is for the next run, which resumes from the checkpoint (CI saw 89,115 once). Every
+    # rating exactly once over the runs is the claim; a lost or doubled rating still fails it.
+    for _ in range(3):
+        final = run_to_end(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}"))
+        if final["ratings_learned"] >= 100_000:
+            break
     assert final["ratings_learned"] == 100_000
     assert final["skipped"] == {}
     assert sum(final["offsets"].values()) == 100_000

@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--broker-lost-after", type=float, default=20.0, metavar="S",
                     help="/healthz answers 503 once no broker was reachable for S seconds")
     ap.add_argument("--exit-when-idle", type=float, metavar="S",
-                    help="stop (with a final checkpoint) after S seconds without messages")
+                    help="stop (with a final checkpoint) after S seconds without messages, once "
+                    "every assigned partition is read to its end (a stalled fetch is waited for, "
+                    "up to 30 s more; an unreachable broker is not)")
     ap.add_argument("--capacity", type=int, default=100_000,
                     help="expected distinct users + items: sets the sketch width (with --space-gain)")
     ap.add_argument("--expected-ratings", type=int, default=10_000_000,

@@ -40,6 +40,9 @@ from sketchrec.stream.serving.recommender import Recommender
 from sketchrec.stream.serving.service import LearningService, NoCheckpoint
 
 log = logging.getLogger(__name__)
+# seconds an idle consumer (``run(idle_exit=...)``) still waits for assigned partitions that have
+# messages it has not read (then it exits anyway, the lag logged)
+LAG_PATIENCE = 30.0
 
 
 def kafka_config(bootstrap: str) -> dict:
@@ -144,7 +147,8 @@ class KafkaLearner:
 
     # --- the loop -------------------------------------------------------------------------------
     def run(self, idle_exit: float | None = None) -> None:
-        """Consume until stopped (or until no message arrived for ``idle_exit`` seconds). A
+        """Consume until stopped (or until no message arrived for ``idle_exit`` seconds and every
+        assigned partition has been read to its end; past LAG_PATIENCE more, it exits anyway). A
         message, a failed commit or a failed checkpoint never ends it; ``last_checkpoint_ok``
         says whether the final checkpoint was written."""
         from kafka.errors import KafkaError
@@ -152,6 +156,7 @@ class KafkaLearner:
         # a fifth of its time with one rating per message (bench.kafka: 140k -> 178k/s)
         freeze_startup()
         last_data = time.monotonic()
+        self._lag_logged = False
         try:
             while not self.stop.is_set():
                 if not self.service.recommender.learning.is_set():
@@ -173,7 +178,10 @@ class KafkaLearner:
                         self._learn(records)
                     last_data = time.monotonic()
                 elif idle_exit is not None and time.monotonic() - last_data > idle_exit:
-                    break
+                    # idle means drained: a fetch that stalls longer than idle_exit (a loaded
+                    # broker) while an assigned partition still has messages is not the end
+                    if time.monotonic() - last_data > idle_exit + LAG_PATIENCE or self._drained():
+                        break
                 if self.book.expired():
                     self.checkpoint("interval")
         finally:
@@ -181,6 +189,23 @@ class KafkaLearner:
             self.closing = True
             self.consumer.close(autocommit=False)
             self.producer.close(timeout=10)
+
+    def _drained(self) -> bool:
+        """Has every assigned partition been read to its end (the last stable offset: this
+        consumer reads committed messages only)? True when the broker cannot say, so that an idle
+        consumer of an unreachable broker still exits; a lag is logged once."""
+        tps = list(self.consumer.assignment())
+        try:
+            ends = self.consumer.end_offsets(tps, timeout_ms=2_000)
+            behind = {tp.partition: ends[tp] - self.consumer.position(tp, timeout_ms=2_000)
+                      for tp in tps}
+        except Exception:  # noqa: BLE001 - any failure to ask: the old rule (idle is the end)
+            return True
+        behind = {p: n for p, n in sorted(behind.items()) if n > 0}
+        if behind and not self._lag_logged:
+            log_event("idle_lag", messages_behind=behind)
+        self._lag_logged = bool(behind)
+        return not behind
 
     def _hold(self) -> None:
         """Learning is paused: poll with every partition paused, so the group membership stays
