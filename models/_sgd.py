@@ -304,7 +304,7 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
             for l in range(d):
                 dq[l] -= hp[LR] * (pred - ratings[n]) * z[l]
             implicit_step(imp, row, held, pred - ratings[n], q, hp[IMPLICIT_LR], hp[IMPLICIT_REG])
-        remember(imp, ukeys[n], ikeys[n])
+        remember(imp, row, ukeys[n], ikeys[n])
         if adaptive:
             db[0], db[1] = dbu, dbi
             adagrad_steps(acc, mode, uslot, islot, au, ai, abu, abi, dp, dq, db, hp[LR], hp[ACC0])

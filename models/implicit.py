@@ -153,11 +153,13 @@ def implicit_step(imp, row, n, e, q, lr, reg):
 
 
 @njit(inline="always", cache=True)
-def remember(imp, ukey, ikey):
-    """The item joins the user's history (once: a bucket already there is not added again)."""
-    row = row_of(imp, ukey, True)
-    if row < 0:   # the term is off
-        return
+def remember(imp, row, ukey, ikey):
+    """The item joins the user's history (once: a bucket already there is not added again);
+    ``row`` is the user's row found before the step (-1: none yet, one is claimed now)."""
+    if row < 0:
+        row = row_of(imp, ukey, True)
+        if row < 0:   # the term is off
+            return
     b = bucket_of(imp, ikey)
     length = imp.items.shape[1]
     for a in range(min(imp.seen[row], length)):
