@@ -16,8 +16,8 @@ import inspect
 
 from sketchrec.models.bias_baseline import BiasBaseline
 from sketchrec.models.dense_mf import DenseMF
-from sketchrec.models.experts import Experts
-from sketchrec.models.private_fallback import DPSGDFallback
+from sketchrec.models.mix import Experts
+from sketchrec.models.private.fallback import DPSGDFallback
 from sketchrec.models.sketch_mf import SketchMF
 
 MODELS: dict[str, type] = {"SketchMF": SketchMF, "DenseMF": DenseMF, "BiasBaseline": BiasBaseline,

@@ -8,7 +8,7 @@ from sketchrec.models._adaptive import OPTIMIZERS, Accumulators
 from sketchrec.models._sgd import (LEARNED, TOTAL, sketch_factors, sketch_learn, sketch_predict,
                                    sketch_score)
 from sketchrec.models.base import ITEM, USER, FactorizationModel
-from sketchrec.models.dp_sgd import DPConfig, NoisyStepper
+from sketchrec.models.private.dp_sgd import DPConfig, NoisyStepper
 from sketchrec.models.heavy_filter import HeavyFilter, slot_bytes
 from sketchrec.models.implicit import ImplicitHistory
 from sketchrec.models.storage import FactorStore

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from sketchrec.models.metrics import ErrorStats
-from sketchrec.models.private_fallback import fallback_of, plan_private_epochs
+from sketchrec.models.private.fallback import fallback_of, plan_private_epochs
 from sketchrec.models.wrapped import Wrapped
 from sketchrec.privacy.audit import real_rows
 from sketchrec.privacy.entropy import sampling_generator

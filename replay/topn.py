@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from sketchrec.data import Ratings
-from sketchrec.models.ranking import RankerMix, RecentCounts
+from sketchrec.stream.ranker_mix import RankerMix, RecentCounts
 from sketchrec.privacy.audit import is_canary, real_rows
 
 K = 10

@@ -2,6 +2,6 @@
 
 import sys
 
-from sketchrec.replay.cli import sketchrec_main
+from sketchrec.cli import sketchrec_main
 
 sys.exit(sketchrec_main())

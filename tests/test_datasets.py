@@ -172,7 +172,7 @@ def test_registry_pins_every_movielens_set():
 def test_replay_and_experiment_take_a_data_set_name(monkeypatch, server, pinned, capsys, tmp_path):
     import json
 
-    from sketchrec.replay.cli import sketchrec_main
+    from sketchrec.cli import sketchrec_main
     use(monkeypatch, server, "ok")
     assert sketchrec_main(["replay", "ml-100k", "--quiet", "--json"]) == 0   # fetched on first use
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -31,13 +31,14 @@ from collections import Counter
 import numpy as np
 
 from sketchrec.stream.checkpoint import CheckpointStore, LedgerIntegrityError
-from sketchrec.stream.kafka import codec_errors, fast_records
+from sketchrec.stream.kafka import fast_records
+from sketchrec.stream.kafka import codecs as codec_errors
 from sketchrec.stream.kafka.messages import Parsed, dead_letter, parse_fast, parse_message
 from sketchrec.stream.kafka.offsets import OffsetBook
-from sketchrec.stream.serving.health import log_event
+from sketchrec.stream.health import log_event
 from sketchrec.stream.serving.server import freeze_startup
-from sketchrec.stream.serving.recommender import Recommender
-from sketchrec.stream.serving.service import LearningService, NoCheckpoint
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.service import LearningService, NoCheckpoint
 
 log = logging.getLogger(__name__)
 # seconds an idle consumer (``run(idle_exit=...)``) still waits for assigned partitions that have

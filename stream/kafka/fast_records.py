@@ -36,7 +36,7 @@ from itertools import repeat
 import numpy as np
 from numba import njit
 
-from sketchrec.stream.kafka import codec_errors
+from sketchrec.stream.kafka import codecs as codec_errors
 
 # the v2 batch header's size: records start here in an uncompressed batch
 RECORDS_START = 61

@@ -34,7 +34,7 @@ from sketchrec.privacy.release import access_control_default, public_stats
 from sketchrec.privacy.report import central_dp, operator_figures
 from sketchrec.stream.serving.dashboard import dashboard_router
 from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp
-from sketchrec.stream.serving.service import LearningService
+from sketchrec.stream.service import LearningService
 
 MAX_ECHO = 80   # characters of a rejected input a 422 shows (never a 100 KB input back)
 PRIVACY_FIELDS = ("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "kld",

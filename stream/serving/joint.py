@@ -21,7 +21,7 @@ same data is charged on top, a crash or restart never resets the budget.
 
 >>> import numpy as np
 >>> from sketchrec.data import SyntheticStream
->>> from sketchrec.models.private_als import JointDPConfig, PrivateALS
+>>> from sketchrec.models.private.joint_als import JointDPConfig, PrivateALS
 >>> data = SyntheticStream(3000, n_users=60, n_items=40, seed=0).all()
 >>> model = PrivateALS(JointDPConfig(epsilon=8.0), np.unique(data.items)).fit(
 ...     data.users, data.items, data.ratings)
@@ -45,10 +45,10 @@ import time
 import numpy as np
 
 from sketchrec.data import Ratings
-from sketchrec.models.private_als import PrivateALS
-from sketchrec.models.private_bias import item_index
+from sketchrec.models.private.joint_als import PrivateALS
+from sketchrec.models.private.joint_baseline import item_index
 from sketchrec.stream.checkpoint import Checkpoint, CheckpointStore
-from sketchrec.stream.serving.service import LearningService, NoCheckpoint
+from sketchrec.stream.service import LearningService, NoCheckpoint
 
 ACCESS_NOTE = ("on, always: joint DP — /predict and /recommend about user U answer only U's token "
                "or the backend (admin) token")

@@ -24,7 +24,7 @@ from river.reco.base import Ranker
 from sketchrec.data import SyntheticStream
 from sketchrec.models import DenseMF, SketchMF
 from sketchrec.models.bias_baseline import BiasBaseline
-from sketchrec.models.experts import Experts
+from sketchrec.models.mix import Experts
 from sketchrec.models.river_adapters import RankerRegressor, RiverBiasedMF
 
 KW = dict(dim=8, lr=0.05, seed=3)

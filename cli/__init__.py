@@ -1,0 +1,63 @@
+"""The commands: `replay` and the `sketchrec` umbrella command, one module per subcommand.
+
+``sketchrec_main`` and ``replay_main`` are the console scripts (pyproject.toml); each command
+module is imported only when its command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib
+import io
+import signal
+import sys
+from typing import Callable
+
+from sketchrec.cli.replay import replay_main
+
+# name -> (one line of help, module under sketchrec.cli, its main function)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "replay": ("replay a ratings file or the synthetic stream into the learner", "replay", "replay_main"),
+    "experiment": ("run a reproducible experiment (figures, tables, JSON)", "experiment", "experiment_main"),
+    "serve": ("serve the newest checkpoint read-only over HTTP", "serve", "serve_main"),
+    "consume": ("learn from a Kafka topic with checkpoints and dead letters", "consume", "consume_main"),
+    "produce": ("publish a ratings file to a Kafka topic", "produce", "produce_main"),
+    "fetch": ("download a public ratings data set (MovieLens) by name, check and cache it",
+              "fetch", "fetch_main"),
+    "bench": ("throughput, memory, serving and Kafka benchmarks against river and Vowpal Wabbit",
+              "bench", "bench_main"),
+}
+
+
+def command(name: str) -> Callable[[list[str]], int]:
+    """The main function of a subcommand (`replay` reports itself as `sketchrec replay`)."""
+    _, module, function = COMMANDS[name]
+    main = getattr(importlib.import_module(f"sketchrec.cli.{module}"), function)
+    if name == "replay":
+        return lambda argv: main(argv, prog="sketchrec replay")
+    return main
+
+
+def sketchrec_main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # `kill -USR1 PID` prints every thread's stack to stderr (a long-running service that stops
+    # making progress can say where, without stopping it)
+    if hasattr(signal, "SIGUSR1"):
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (io.UnsupportedOperation, ValueError, AttributeError):
+            pass   # stderr without a file descriptor (called in-process, e.g. under pytest)
+    ap = argparse.ArgumentParser(prog="sketchrec", description="Privacy-aware streaming recommender "
+                                 "with count-sketch matrix factorization.")
+    ap.add_argument("command", choices=sorted(COMMANDS), help="; ".join(
+        f"{name}: {desc}" for name, (desc, _, _) in sorted(COMMANDS.items())))
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="the command's own arguments (see COMMAND --help)")
+    if not argv or argv[0] in ("-h", "--help"):
+        ap.print_help()
+        return 0
+    ns = ap.parse_args(argv[:1])
+    return command(ns.command)(argv[1:])
+
+
+__all__ = ["COMMANDS", "replay_main", "sketchrec_main"]

@@ -1,0 +1,285 @@
+"""Frozen settings built from parsed options, with the defaults that depend on the training mode
+resolved here (the argparse Namespace is never changed), and the objects they describe."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS
+from sketchrec.cli.options import ACCESS, parse_host_port
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """DP-SGD's options. ``enabled`` when one of --dp-epsilon, --dp-noise, --sgld-dp is given; the
+    unit and delta also account a pass of a private model resumed from a checkpoint."""
+
+    epsilon: float | None = None
+    noise: float | None = None
+    sgld_temperature: float | None = None
+    delta: float = DP_DEFAULTS["delta"]
+    clip: float = DP_DEFAULTS["clip"]
+    batch: int = DP_DEFAULTS["batch"]
+    unit: str = "rating"
+    user_cap: int | None = None
+    rating_range: tuple[float, float] = (0.5, 5.0)
+    budget: float | None = None
+    model: str = "auto"     # --dp-model: the holdout protocol's private learner
+    rank: int = 0           # --dp-rank: the joint mode's item factors
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "DPSettings":
+        return cls(args.dp_epsilon, args.dp_noise, args.sgld_dp, args.dp_delta, args.dp_clip,
+                   args.dp_batch, args.dp_unit, args.dp_user_cap, tuple(args.dp_range),
+                   args.budget_epsilon, args.dp_model, args.dp_rank)
+
+    def joint(self, holdout: bool) -> bool:
+        """Whether the run is the joint-DP mode: epochs (holdout) at a given finite epsilon, and
+        asked for (--dp-model joint), or the user unit's default (auto)."""
+        if self.model == "sgd" or not holdout or self.target is None:
+            return False
+        return self.model == "joint" or self.unit == "user"
+
+    @property
+    def enabled(self) -> bool:
+        return any(x is not None for x in (self.epsilon, self.noise, self.sgld_temperature))
+
+    @property
+    def target(self) -> float | None:
+        """The epsilon epoch training must calibrate to (None: the noise was given, or no noise)."""
+        return None if self.epsilon is None or math.isinf(self.epsilon) else self.epsilon
+
+    def config(self, *, stream: bool, depth: int, lr: float):
+        """The model's ``DPConfig``. With --dp-epsilon and ``stream`` (one pass) the noise
+        multiplier is calibrated here; for epoch training it is calibrated by
+        ``train_private_epochs`` once the (capped) training set, hence q and the steps, are known."""
+        from sketchrec.models.private.dp_sgd import DPConfig
+        from sketchrec.privacy.calibration import sgld_noise_multiplier, stream_noise_multiplier
+        if self.unit == "user" and not self.user_cap:
+            raise SystemExit("--dp-unit user needs --dp-user-cap M")
+        factor = 1 if self.unit == "rating" else self.user_cap
+        mode = "dp-sgd"
+        if self.noise is not None:
+            sigma = self.noise
+        elif self.sgld_temperature is not None:  # the SGLD kernel's cell noise, as a multiplier
+            sigma, mode = sgld_noise_multiplier(depth, self.sgld_temperature, lr, self.clip), "sgld-dp"
+        elif math.isinf(self.epsilon) or not stream:
+            sigma = 0.0
+        else:
+            sigma = stream_noise_multiplier(self.epsilon, self.delta, factor)
+        return DPConfig(noise_multiplier=sigma, clip=self.clip, batch_size=self.batch, unit=self.unit,
+                        user_cap=self.user_cap, rating_range=self.rating_range, mode=mode)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The learner: its kind (mix, sketch, dense, river, bias) and hyper-parameters, DP defaults
+    resolved. No --model: the combination ``mix`` (``models.experts``), except in the privacy
+    modes (DP-SGD, SGLD, loss clipping), which use one learner, the sketch with plain SGD, and
+    when --lr, --reg or --optimizer is given (they set one learner: the sketch)."""
+
+    kind: str
+    dim: int
+    lr: float
+    reg: float
+    depth: int = DEFAULTS["depth"]
+    width: int | None = None
+    space_gain: float = DEFAULTS["space_gain"]
+    heavy_fraction: float | None = None
+    light_dim: int | None = None
+    bias_reg: float = DEFAULTS["bias_reg"]
+    init_std: float = DEFAULTS["init_std"]
+    sgld: float | None = None
+    clip_loss: float | None = None
+    seed: int = 0
+    optimizer: str = "sgd"
+    implicit: int = 0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, private: bool) -> "ModelSettings":
+        optimizer = args.optimizer or "sgd"
+        tuned = DP_DEFAULTS if private else DEFAULTS if optimizer == "sgd" else ADAGRAD_DEFAULTS
+
+        def given(name: str):
+            value = getattr(args, name)
+            return tuned[name] if value is None else value
+
+        # --lr, --reg or --optimizer set ONE learner: given without --model they ask for one
+        one = any(v is not None for v in (args.lr, args.reg, args.optimizer, args.implicit))
+        kind = args.model or ("sketch" if private or one or args.sgld is not None
+                              or args.clip_loss is not None else "mix")
+        if kind == "mix" and one:
+            raise SystemExit("replay: --lr, --reg, --optimizer and --implicit set one learner; the "
+                             "combination (--model mix) tunes its members itself: give --model "
+                             "sketch with them")
+        return cls(kind, given("dim"), given("lr"), given("reg"), args.depth, args.width,
+                   args.space_gain, args.heavy_fraction, args.light_dim, args.bias_reg, args.init_std,
+                   args.sgld, args.clip_loss, args.seed, optimizer, args.implicit or 0)
+
+    def build(self, capacity: int, dp=None, prog: str = "replay"):
+        """The model, sized for ``capacity`` distinct users + items; its own option checks end the
+        command with a one-line message."""
+        common = dict(dim=self.dim, lr=self.lr, reg=self.reg, init_std=self.init_std, seed=self.seed)
+        if self.kind == "river":
+            from sketchrec.models.river_adapters import RiverBiasedMF
+            return RiverBiasedMF(**common)
+        extra = dict(bias_reg=self.bias_reg, sgld_temperature=self.sgld, clip_loss=self.clip_loss)
+        if self.kind == "dense":
+            from sketchrec.models import DenseMF
+            return DenseMF(**common, **extra)
+        sketch = dict(depth=self.depth, width=self.width, space_gain=self.space_gain,
+                      capacity=capacity, heavy_fraction=self.heavy_fraction, light_dim=self.light_dim)
+        try:
+            if self.kind in ("mix", "bias"):
+                return self._build_mix(capacity, sketch)
+            from sketchrec.models import SketchMF
+            return SketchMF(dp=dp, optimizer=self.optimizer, implicit=self.implicit, **sketch,
+                            **common, **extra)
+        except ValueError as exc:
+            raise SystemExit(f"{prog}: {exc}") from exc
+
+    def _build_mix(self, capacity: int, sketch: dict):
+        """The bias baseline, or the combination with the sketch's shape options (those given)
+        passed to its factor members."""
+        from sketchrec.models.bias_baseline import BiasBaseline
+        from sketchrec.models.mix import DEFAULT_MEMBERS, Experts
+        if self.kind == "bias":
+            return BiasBaseline(capacity=capacity, depth=self.depth, seed=self.seed)
+        shape = {name: value for name, value in sketch.items() if value is not None
+                 and name not in ("capacity", "space_gain")}
+        shape.update(dim=self.dim, init_std=self.init_std, bias_reg=self.bias_reg)
+        members = [spec if spec["model"] != "SketchMF" else {**spec, **shape}
+                   for spec in DEFAULT_MEMBERS]
+        return Experts(members, capacity=capacity, space_gain=self.space_gain, seed=self.seed)
+
+    def warm(self, dp=None, say: Callable[[str], None] | None = None, prog: str = "replay") -> None:
+        """Compile numba's kernels (or load them from its cache) by learning a few ratings on a
+        throwaway model of these settings, so no run counts compile time as learning time. When
+        that takes over a second (the first run compiles, ~25 s), ``say`` is told once."""
+        if self.kind == "river":
+            return
+        import numpy as np
+        notice = threading.Timer(1.0, say, ["compiling kernels (first run only)…"]) if say else None
+        if notice:
+            notice.daemon = True
+            notice.start()
+        try:
+            model, ids = self.build(64, dp, prog), np.arange(1, 9, dtype=np.int64)
+            model.learn_many(ids, ids, np.full(8, 3.0))
+            model.predict_many(ids, ids)
+            if dp is not None:
+                model.noisy_step(ids, ids, np.full(8, 3.0))
+        finally:
+            if notice:
+                notice.cancel()
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    enabled: bool = True
+    window: int = 20_000
+    alert: float | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "MonitorSettings":
+        return cls(not args.no_monitor, args.kld_window, args.kld_alert)
+
+    def build(self, seed: int):
+        """The streaming privacy monitor, or None when turned off."""
+        if not self.enabled:
+            return None
+        from sketchrec.privacy.monitor import PrivacyMonitor
+        return PrivacyMonitor(window=self.window, alert_kld=self.alert, seed=seed)
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    listen: tuple[str, int] | None = None   # --serve HOST:PORT
+    admin_token: str | None = None
+    checkpoint: Path | None = None
+    access: str | bool = "auto"             # create_app's ``access``: "auto", True or False
+    workers: int | None = None              # --workers; None: one per core
+    worker_nice: int = 0                    # --worker-nice
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ServingSettings":
+        return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token,
+                   args.checkpoint, ACCESS[args.access_control], args.workers, args.worker_nice)
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """The prequential protocol's extra measures (--window, --plot, --topn) and the synthetic
+    stream's ground truth (--change-point, --synthetic-taste, --synthetic-noise)."""
+
+    window: int | None = None        # None: 1% of the stream (replay.curve.default_window)
+    plot: Path | None = None
+    topn: int | None = None          # events sampled for top-N; None: not measured
+    change_point: float | None = None
+    taste: float | None = None       # the synthetic stream's --synthetic-taste, --synthetic-noise
+    noise: float = 0.5
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EvaluationSettings":
+        settings = cls(args.window, Path(args.plot) if args.plot else None, args.topn,
+                       args.change_point, args.synthetic_taste, args.synthetic_noise)
+        asked = [flag for flag, value in (("--window", args.window), ("--plot", args.plot),
+                                          ("--topn", args.topn)) if value is not None]
+        if asked and args.holdout is not None:
+            raise SystemExit(f"replay: {asked[0]} belongs to the prequential protocol (no --holdout)")
+        if args.topn is not None and args.model == "river":   # its predictions create state
+            raise SystemExit("replay: --topn needs a model that scores without learning (sketch or "
+                             "dense): river's predict_one draws start vectors for unknown ids")
+        if args.topn is not None and any(v is not None for v in (args.dp_epsilon, args.dp_noise,
+                                                                 args.sgld_dp)):
+            raise SystemExit("replay: --topn cuts the stream's batches at its events, which would "
+                             "move DP-SGD's noisy steps: measure top-N without DP")
+        given = [flag for flag, value in (("--change-point", args.change_point),
+                                          ("--synthetic-taste", args.synthetic_taste)) if value is not None]
+        if given and args.path:
+            raise SystemExit(f"replay: {given[0]} is a property of the synthetic stream (no PATH)")
+        return settings
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Everything `replay` was asked for."""
+
+    path: str | None
+    order: str
+    speed: float | None        # multiple of real time; None: as fast as possible
+    quiet: bool
+    json: bool
+    holdout: float | None
+    epochs: int
+    seed: int
+    batch_size: int
+    audit_canaries: int
+    ldp_epsilon: float | None
+    ldp_range: tuple[float, float] | None   # declared; None: the file format's scale
+    ldp_debias: bool
+    synthetic: tuple[int, int, int]   # ratings, users, items
+    rating_range: tuple[float, float] | str | None   # --rating-range; None: the format's, or learned
+    model: ModelSettings
+    dp: DPSettings
+    monitor: MonitorSettings
+    serving: ServingSettings
+    capacity: int | None = None   # --capacity; None: counted from the data (never in DP modes)
+    evaluation: EvaluationSettings = EvaluationSettings()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ReplayConfig":
+        dp = DPSettings.from_args(args)
+        return cls(args.path, args.order, args.speed, args.quiet, args.json, args.holdout,
+                   args.epochs, args.seed, args.batch_size, args.audit_canaries, args.ldp_epsilon,
+                   args.ldp_range, args.ldp_debias,
+                   (args.synthetic_ratings, args.synthetic_users, args.synthetic_items),
+                   args.rating_range, ModelSettings.from_args(args, dp.enabled), dp, MonitorSettings.from_args(args),
+                   ServingSettings.from_args(args), args.capacity,
+                   EvaluationSettings.from_args(args))
+

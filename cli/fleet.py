@@ -1,0 +1,95 @@
+"""The fleet side of `sketchrec consume --fleet` and `sketchrec serve --bootstrap … --topic T`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+from sketchrec.cli.serve import on_stop_signal, serve_until_interrupted, start_server
+
+
+def run_member(config) -> int:
+    """One fleet member (``config``: a ``consume.ConsumeConfig`` with ``fleet`` set) until stopped
+    or idle. A fenced member (its delta refused: it was evicted from the group and published
+    late) rebuilds its replica and rejoins as a new member; the endpoint keeps serving. 2 when
+    the broker cannot be reached, 3 when a fenced member could not rebuild."""
+    from kafka.errors import KafkaError
+
+    from sketchrec.stream.fleet.member import FleetLearner, new_member_id, open_replica, rebuild
+    from sketchrec.stream.recommender import Recommender
+    prog, settings, fleet = "sketchrec consume", config.model, config.fleet
+    member = new_member_id()
+
+    def empty() -> Recommender:  # the first member's model is every member's starting point
+        return Recommender(settings.build(config.capacity, None, prog),
+                           pair_capacity=config.expected_ratings, seed=settings.seed)
+
+    def join(service) -> FleetLearner:
+        return FleetLearner(service, config.bootstrap, config.topic, config.group,
+                            fleet.model_topic, fleet.sync_ms, fleet.snapshot_seconds, fleet.sync_ratings,
+                            dead_topic=config.dead_topic, rating_range=config.rating_range)
+
+    try:
+        service = open_replica(config.bootstrap, fleet.model_topic, empty, member)
+        service.health.broker_lost_after = config.broker_lost_after
+        learner = join(service)
+    except (KafkaError, RuntimeError, TimeoutError) as exc:
+        print(f"{prog}: cannot join the fleet on {config.topic!r} at {config.bootstrap}: {exc}",
+              file=sys.stderr)
+        return 2
+    server = start_server(service, config.serving) if config.serving.listen else None
+    stopping, current = threading.Event(), [learner]
+    on_stop_signal(lambda: (stopping.set(), current[0].stop.set()))
+    print(f"fleet member {member} consuming {config.topic} (group {config.group}, model topic "
+          f"{fleet.model_topic}); the fleet's model holds {service.ratings_learned:,} ratings",
+          file=sys.stderr, flush=True)
+    rebuilt, code = 0, 0
+    while True:
+        learner.run(idle_exit=config.exit_when_idle)
+        if learner.fenced is None or stopping.is_set():
+            break
+        member = new_member_id()
+        print(f"{prog}: fenced ({learner.fenced}); rebuilding the replica from the newest snapshot "
+              f"and the model topic, rejoining as {member}", file=sys.stderr, flush=True)
+        try:
+            # a fleet member serves from its own process (serving.shared.shareable), whose
+            # endpoint reads service.recommender at every request: the swap is all it needs
+            rebuild(service, config.bootstrap, fleet.model_topic, member)
+            learner = current[0] = join(service)
+            rebuilt += 1
+        except (KafkaError, RuntimeError, TimeoutError) as exc:
+            print(f"{prog}: cannot rebuild the replica: {exc}", file=sys.stderr)
+            code = 3
+            break
+        if stopping.is_set():
+            learner.stop.set()
+    stats = service.stats()
+    print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "prequential_rmse")},
+                      "member": member, "own_ratings": learner.own, "first_at": learner.first_at,
+                      "last_at": learner.last_at, "published_bytes": learner.bytes_published,
+                      "progress": learner.progress + [(learner.last_at, learner.own)],
+                      "model_position": service.fleet.position, "refused": service.fleet.refused,
+                      "rebuilt": rebuilt}, default=float), flush=True)
+    if server is not None:
+        server.stop()
+    return code
+
+
+def serve_replica(args, serving) -> int:
+    """`sketchrec serve --bootstrap … --topic T`: the newest snapshot plus the model topic, read-only."""
+    from kafka.errors import KafkaError
+
+    from sketchrec.stream.fleet.member import FleetReplica, open_replica
+    from sketchrec.stream.fleet.model_topic import model_topic
+    topic = model_topic(args.topic, args.model_topic)
+    try:
+        service = open_replica(args.bootstrap, topic, wait=args.wait)
+        replica = FleetReplica(service, args.bootstrap, topic).start()
+    except (KafkaError, TimeoutError) as exc:
+        print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    server = start_server(service, serving)
+    serve_until_interrupted(server)
+    replica.stop.set()
+    return 0

@@ -1,0 +1,247 @@
+"""The argparse groups the commands share (learner, DP-SGD, monitor, serving), the typed
+converters that check every option's domain where it is parsed (a value outside it ends the
+command with one line, ``PROG: argument --X: ...``), and the parsers of the small text
+formats ("L,U", "HOST:PORT")."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Callable
+
+from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS
+from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
+from sketchrec.privacy.admin_token import add_admin_token_args
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, ``PROG: ...`` (no usage block): SystemExit
+    with the message, as every other check of the commands ends (printed to stderr, exit 1)."""
+
+    def error(self, message: str):
+        raise SystemExit(f"{self.prog}: {message} (see --help)")
+
+
+def _number(kind: type, test: Callable[[float], bool], domain: str) -> Callable[[str], float]:
+    """An argparse ``type``: ``kind(text)``, accepted when ``test`` holds, else a message naming
+    the ``domain``."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {domain}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {domain}, got {text!r}")
+        return value
+    convert.__name__ = domain  # argparse names the type in some messages
+    return convert
+
+
+positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+window_int = _number(int, lambda v: v >= 2, "an integer >= 2")   # a window fits a Gaussian
+nonnegative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+finite_float = _number(float, math.isfinite, "a finite number")
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+nonnegative_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+epsilon_float = _number(float, lambda v: v > 0, "a number > 0 or 'inf'")       # nan fails v > 0
+unit_fraction = _number(float, lambda v: 0 < v < 1, "a fraction strictly between 0 and 1")
+heavy_fraction = _number(float, lambda v: 0 <= v < 1, "a fraction in [0, 1)")
+
+
+def speed(text: str) -> float | None:
+    """--speed: 'max' (None: as fast as possible) or a finite multiple of real time > 0.
+
+    >>> speed("max"), speed("3600")
+    (None, 3600.0)
+    """
+    if text == "max":
+        return None
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'max' or a finite number > 0, got {text!r}") from None
+
+
+def directory(text: str) -> Path:
+    """A directory to write into: it may not exist yet, but must not be a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    return path
+
+
+def value_range(text: str) -> tuple[float, float]:
+    """--dp-range/--ldp-range: "L,U", finite, L < U."""
+    try:
+        lo, hi = parse_range(text)
+    except SystemExit as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise argparse.ArgumentTypeError(f"expected L,U with finite L < U, got {text!r}")
+    return lo, hi
+
+
+def rating_range(text: str) -> tuple[float, float] | str:
+    """--rating-range: "L,U" or 'none' (keep every finite rating)."""
+    return "none" if text.strip().lower() == "none" else value_range(text)
+
+
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The learner's options, shared by replay and consume (DP-SGD's among them)."""
+    ap.add_argument("--dim", type=positive_int, help=f"latent dimension d (default {DEFAULTS['dim']}; "
+                    f"{DP_DEFAULTS['dim']} with DP-SGD)")
+    ap.add_argument("--depth", type=positive_int, default=DEFAULTS["depth"], help="sketch rows k (1 = feature hashing)")
+    width = ap.add_mutually_exclusive_group()
+    width.add_argument("--space-gain", type=positive_float, default=DEFAULTS["space_gain"],
+                       help="gamma: width = ceil((|U|+|I|) d / (gamma k)) (eq. 4.9)")
+    width.add_argument("--width", type=positive_int, help="sketch width w, given directly")
+    ap.add_argument("--heavy-fraction", type=heavy_fraction, help="share of the sketch's memory given to "
+                    f"exact slots of heavy users and items (default {DEFAULT_HEAVY_FRACTION}; "
+                    "0 = the thesis's pure count sketch, and always 0 with DP-SGD)")
+    ap.add_argument("--light-dim", type=positive_int, help="components the other ids keep in the sketch "
+                    "(default: as many as fill it about once, at most d)")
+    ap.add_argument("--implicit", type=nonnegative_int, metavar="K", help="one factor model "
+                    "(--model sketch) adds to a user's vector its last K distinct rated items' "
+                    "implicit vectors (SVD++; 0 = off, the default; not with the privacy modes). "
+                    "The combination turns it on (K = 64) when it trains several epochs")
+    ap.add_argument("--optimizer", choices=("sgd", "adagrad", "adagrad-id"), help="steps of one "
+                    "factor model (--model sketch): 'sgd' the thesis's plain SGD (default; always "
+                    "with DP-SGD and SGLD); 'adagrad' per-coordinate AdaGrad (sums in a count-min "
+                    "sketch beside the vectors: twice their memory); 'adagrad-id' one AdaGrad sum "
+                    "per id (a count-min the size of the bias sketch; as fast as SGD)")
+    ap.add_argument("--lr", type=positive_float, help=f"learning rate eta (default {DEFAULTS['lr']}; "
+                    f"{ADAGRAD_DEFAULTS['lr']} with --optimizer adagrad; {DP_DEFAULTS['lr']} with DP-SGD)")
+    ap.add_argument("--reg", type=nonnegative_float, help=f"L2 regularisation lambda (default {DEFAULTS['reg']}; "
+                    f"{ADAGRAD_DEFAULTS['reg']} with adagrad; {DP_DEFAULTS['reg']} with DP-SGD)")
+    ap.add_argument("--bias-reg", type=nonnegative_float, default=DEFAULTS["bias_reg"], help="L2 weight of the biases")
+    ap.add_argument("--init-std", type=nonnegative_float, default=DEFAULTS["init_std"], help="std of start vectors")
+    ap.add_argument("--sgld", type=nonnegative_float, metavar="TAU", help="SGLD with temperature TAU")
+    ap.add_argument("--clip-loss", type=positive_float, metavar="EPS",
+                    help="thesis data clipping: skip a rating when (r - r^)^2 > EPS")
+    add_dp_args(ap)
+
+
+def add_dp_args(ap: argparse.ArgumentParser) -> None:
+    dp = ap.add_argument_group("DP-SGD (a proven (epsilon, delta) bound; see README 'Privacy')")
+    noise = dp.add_mutually_exclusive_group()
+    noise.add_argument("--dp-epsilon", type=epsilon_float, metavar="E",
+                       help="train with DP-SGD, noise calibrated so the planned run costs E "
+                       "('inf': clipping without noise)")
+    noise.add_argument("--dp-noise", type=nonnegative_float, metavar="SIGMA",
+                       help="train with DP-SGD at this noise multiplier; epsilon is accounted")
+    noise.add_argument("--sgld-dp", type=positive_float, metavar="TAU",
+                       help="SGLD at temperature TAU with clipped gradients: the Langevin noise "
+                       "(sqrt(k lr TAU) per cell per step) is a Gaussian mechanism, accounted "
+                       "like DP-SGD's with sigma = sqrt(k TAU / lr) / C")
+    dp.add_argument("--dp-delta", type=unit_fraction, default=DP_DEFAULTS["delta"])
+    dp.add_argument("--dp-clip", type=positive_float, default=DP_DEFAULTS["clip"], metavar="C",
+                    help="L2 bound of one rating's update in sketch-cell space")
+    dp.add_argument("--dp-batch", type=positive_int, default=DP_DEFAULTS["batch"], metavar="B",
+                    help="ratings per noisy step (expected, with Poisson sampling in epochs)")
+    dp.add_argument("--dp-unit", choices=("rating", "user"), default="rating",
+                    help="what is protected: one rating, or one user's whole history")
+    dp.add_argument("--dp-user-cap", type=positive_int, metavar="M",
+                    help="ratings kept per user (required with --dp-unit user and DP-SGD; the "
+                    "joint mode defaults to 80)")
+    dp.add_argument("--dp-range", type=value_range, default="0.5,5", metavar="L,U",
+                    help="public rating range: predictions are clipped to it")
+    dp.add_argument("--dp-model", choices=("auto", "sgd", "joint"), default="auto",
+                    help="the private learner of `replay --holdout --dp-epsilon`: 'sgd' (DP-SGD on the "
+                    "sketch), 'joint' (joint-DP biases and item factors released, each user's own part "
+                    "solved privately: see README 'User-level DP'); 'auto': joint for --dp-unit user, "
+                    "sgd otherwise; streams (prequential, consume) always use DP-SGD")
+    dp.add_argument("--dp-rank", type=nonnegative_int, default=0, metavar="R",
+                    help="rank of the joint mode's private item factors (0: biases only, the "
+                    "measured best on MovieLens-sized user counts)")
+    dp.add_argument("--budget-epsilon", type=positive_float, metavar="E",
+                    help="stop learning (keep serving) before the spent epsilon would exceed E")
+
+
+def add_evaluation_args(ap: argparse.ArgumentParser) -> None:
+    """What the prequential protocol measures beside RMSE (replay.curve, replay.topn), and the
+    synthetic stream's drift."""
+    ev = ap.add_argument_group("prequential evaluation")
+    ev.add_argument("--window", type=positive_int, metavar="N",
+                    help="ratings per window of the RMSE curve (--json: curve; default 1%% of the stream)")
+    ev.add_argument("--plot", metavar="PATH", help="draw the windowed RMSE curve into a PNG")
+    ev.add_argument("--topn", type=positive_int, nargs="?", const=2000, metavar="EVENTS",
+                    help="top-10 quality: rank every unrated item for EVENTS sampled ratings >= 4 "
+                    "(default 2000; seeded), before each is learned, beside a popularity ranker")
+    ev.add_argument("--change-point", type=unit_fraction, metavar="F",
+                    help="synthetic stream: every user's taste vector is redrawn at fraction F of it")
+    ev.add_argument("--synthetic-taste", type=positive_float, metavar="S",
+                    help="synthetic stream: std of the taste term u.v (default 1/sqrt(8))")
+    ev.add_argument("--synthetic-noise", type=nonnegative_float, default=0.5, metavar="S",
+                    help="synthetic stream: std of the rating noise (default 0.5)")
+
+
+def add_monitor_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--no-monitor", action="store_true", help="turn the privacy monitor off")
+    ap.add_argument("--kld-window", type=window_int, default=20_000, help="ratings in the monitor's KLD window")
+    ap.add_argument("--kld-alert", type=nonnegative_float, help="log a warning when the windowed KLD exceeds this")
+
+
+# --access-control's choices, as create_app's ``access`` argument
+ACCESS = {"auto": "auto", "on": True, "off": False}
+
+
+def add_serving_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--serve", metavar="HOST:PORT",
+                    help="serve the live HTTP endpoint while learning (replay: and after it ends, "
+                    "until interrupted)")
+    add_admin_token_args(ap)
+    ap.add_argument("--checkpoint", metavar="DIR", type=directory,
+                    help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
+    add_access_args(ap)
+    add_workers_arg(ap, nice=LEARNING_NICE)
+
+
+# readers of a learning service yield a little to the learner: on 2 cores, at niceness 2 learning
+# kept 75-100% of its alone rate at 2,300-3,800 req/s, p99 18-25 ms in 10 of 10 runs; at 0, 63-65%;
+# at 3 the tail passed 25 ms in 3 of 7 runs (README)
+LEARNING_NICE = 2
+
+
+def add_workers_arg(ap: argparse.ArgumentParser, nice: int = 0) -> None:
+    """--workers: HTTP serving processes (README "Serving from several processes"); ``nice``:
+    their default niceness."""
+    ap.add_argument("--workers", type=positive_int, metavar="N",
+                    help="serving processes answering from the live model in shared memory "
+                    "(default: one per core; 1: serve from the learning process itself)")
+    ap.add_argument("--worker-nice", type=nonnegative_int, default=nice, metavar="N",
+                    help=f"niceness of the serving processes (default {nice}): higher keeps "
+                    "learning nearer its alone rate under load, at the cost of request latency (README)")
+
+
+def add_access_args(ap: argparse.ArgumentParser) -> None:
+    """Who may read a user's answers (README "Threat model"); shared by every serving command."""
+    ap.add_argument("--access-control", choices=ACCESS, default="auto",
+                    help="per-user tokens for /predict and /recommend (HMAC under "
+                    "$SKETCHREC_USER_TOKEN_KEY; the admin token acts as the backend): 'auto' turns "
+                    "them on in every privacy mode")
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    """ "L,U" as two floats; SystemExit with a one-line message otherwise.
+
+    >>> parse_range("0.5,5")
+    (0.5, 5.0)
+    """
+    try:
+        lo, hi = (float(x) for x in text.split(",", 1))
+    except ValueError:
+        raise SystemExit(f"expected L,U, got {text!r}") from None
+    return lo, hi
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """ "HOST:PORT" as (host, port); SystemExit with a one-line message otherwise.
+
+    >>> parse_host_port("127.0.0.1:8000")
+    ('127.0.0.1', 8000)
+    """
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SystemExit(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)

@@ -1,0 +1,113 @@
+"""`sketchrec serve`: the newest checkpoint served read-only, and what every serving command
+shares: starting the HTTP server and stopping on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from sketchrec.privacy.admin_token import add_admin_token_args
+from sketchrec.cli.config import ServingSettings
+from sketchrec.cli.options import ACCESS, add_access_args, add_workers_arg, parse_host_port
+from sketchrec.stream.serving.server import ServerThread
+
+
+def on_stop_signal(action: Callable[[], None]) -> None:
+    """Call ``action`` on SIGINT or SIGTERM (no KeyboardInterrupt traceback). It runs in the main
+    thread between two bytecodes, so it must only set a flag (no lock)."""
+    def handler(signum, frame):
+        action()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def start_server(service, serving: ServingSettings, reload_every: float | None = None):
+    """The live endpoint over ``service``, listening on ``serving.listen`` = (host, port): with
+    ``serving.workers`` > 1 (and a model that can be shared), that many reader processes over the
+    model in shared memory (``stream.serving.workers``), else a server thread in this process."""
+    from sketchrec.stream.serving.http import create_app
+    from sketchrec.stream.serving.server import ServerThread
+    from sketchrec.stream.serving.workers.pool import WorkerPool, default_workers, shareable
+    workers = serving.workers or default_workers()
+    if workers > 1 and shareable(service.recommender):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # end as on Ctrl-C: workers stopped
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+        pool = WorkerPool(service, serving.listen, workers, serving.admin_token, serving.access,
+                          reload_every=reload_every, nice=serving.worker_nice).start()
+        print(f"serving {pool.url} from {workers} worker processes (admin endpoints "
+              f"{'enabled' if pool.app.state.admin else 'disabled'}, answered by the learner; "
+              f"per-user access control {pool.access_flag})", file=sys.stderr, flush=True)
+        return pool
+    app = create_app(service, serving.admin_token, serving.access)
+    # until the prediction kernels are compiled, /predict answers 503 at once (not after ~10 s)
+    service.health.ready = False
+    threading.Thread(target=service.warm_up, daemon=True, name="warm-up").start()
+    server = ServerThread(app, *serving.listen).start()
+    print(f"serving {server.url} (admin endpoints {'enabled' if app.state.admin else 'disabled'}; "
+          f"per-user access control {'on' if app.state.user_tokens else 'off'})",
+          file=sys.stderr, flush=True)
+    return server
+
+
+def serve_until_interrupted(server) -> None:
+    """Block until SIGINT/SIGTERM (or the server's end), then stop the server."""
+    stopped: list[bool] = []
+    on_stop_signal(lambda: stopped.append(True))
+    while not stopped and server.thread.is_alive():
+        time.sleep(0.2)
+    server.stop()
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    from sketchrec.stream.serving.joint import open_checkpoint
+    ap = argparse.ArgumentParser(prog="sketchrec serve", description="Serve the newest checkpoint "
+                                 "read-only, reloading when a newer one is written; or, with "
+                                 "--bootstrap and --topic, a fleet's model (snapshot + model topic).")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="DIR", type=Path)
+    source.add_argument("--bootstrap", metavar="HOST:PORT", help="a fleet's broker (with --topic)")
+    ap.add_argument("--topic", help="the fleet's input topic (its model topic is TOPIC.model)")
+    ap.add_argument("--model-topic", metavar="TOPIC", help="the fleet's model topic, if not TOPIC.model")
+    ap.add_argument("--wait", type=float, default=60.0, metavar="S",
+                    help="fleet: wait up to S seconds for the first snapshot")
+    ap.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8000")
+    ap.add_argument("--reload-every", type=float, default=5.0, metavar="S",
+                    help="seconds between checks for a newer checkpoint")
+    add_workers_arg(ap)
+    add_admin_token_args(ap)
+    add_access_args(ap)
+    args = ap.parse_args(argv)
+    serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
+                              ACCESS[args.access_control], args.workers, args.worker_nice)
+    if args.bootstrap is not None:
+        if not args.topic:
+            ap.error("--bootstrap needs --topic (the fleet's input topic)")
+        from sketchrec.cli.fleet import serve_replica
+        return serve_replica(args, serving)
+    try:
+        service = open_checkpoint(args.checkpoint)   # a joint-DP model's or a learning model's
+    except (FileNotFoundError, ValueError) as exc:  # none, none verifies, or a ledger refused
+        print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:
+        server = start_server(service, serving, reload_every=args.reload_every)
+    except KeyboardInterrupt:   # SIGINT/SIGTERM while the workers start: they are stopped
+        return 0
+    if not isinstance(server, ServerThread):   # the worker pool reloads into shared memory itself
+        serve_until_interrupted(server)
+        return 0
+
+    def reload_loop():
+        while server.thread.is_alive():
+            time.sleep(args.reload_every)
+            service.reload_if_newer()  # the app reads service.recommender on every request
+
+    threading.Thread(target=reload_loop, daemon=True).start()
+    serve_until_interrupted(server)
+    return 0

@@ -1,0 +1,428 @@
+"""Deltas of a ``SketchMF``'s learned state: what one replica learned since its last report, as
+arrays that any replica of the same configuration adds to its own (issue 20: a fleet of learners
+sharing one model).
+
+An SGD step on a count sketch is an addition to its cells, so most of a model is additive: the
+vector and bias cells, the rating count and sum, the learned/skipped counters, the DP step
+count. A ``ModelReplica`` keeps a copy of the state it last published (its *base*); ``take``
+returns ``now - base`` (only the entries that changed) and moves the base to now; ``apply`` adds
+another replica's delta to the model and to the base alike, so it is not published again. A take
+compares every entry (O(cells)), or with ``tracked`` only the cells of the ids learned outside a
+heavy slot and the slots of those learned in one (O(ratings x depth x d) plus a bitmap scan).
+
+The heavy-hitter slots are not additive in a single learner (an id's admission is a local
+decision that moves its estimate out of the cells); a replica runs them in fleet mode
+(``models.fleet_slots``): membership decided by announcements that every replica applies alike,
+a slot holding a residual on top of the id's sketch estimate. A delta then carries the cells'
+changes, the per-id residual changes of held ids and the ids announced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from sketchrec.models._sgd import COUNT, RMAX, RMIN, TOTAL
+from sketchrec.models.base import ITEM, USER
+from sketchrec.stream.fleet.slots import FAMILIES, FleetSlots
+from sketchrec.sketches.count_sketch import cell_indices
+
+_EMPTY = np.empty(0, np.uint64)
+
+
+def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
+            where: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The entries where ``now`` differs from ``base``, as ``dtype`` (default: the arrays' own),
+    in the smallest of three forms: sparse (``name.i`` gaps between flat indices, uint32, which
+    compress well; ``name.v`` values), a bitmap (``name.b``, one bit per entry, little-endian
+    bit order; ``name.v`` values: a delta that moved 1 entry in 8 or more) or dense
+    (``name.d``); {} when nothing changed. ``where`` (sorted flat indices) limits the comparison
+    to the entries that can have changed. ``base`` becomes ``now``; when ``dtype`` rounds, only
+    the values published are added to it, so that what they do not carry goes out with the next
+    delta.
+
+    >>> base = np.ones(4)
+    >>> publish(np.array([1., 5., 1., 1.]), base, "x"), base
+    ({'x.i': array([1], dtype=uint32), 'x.v': array([4.])}, array([1., 5., 1., 1.]))
+    """
+    flat_now, flat_base = now.reshape(-1), base.reshape(-1)  # views: the arrays are contiguous
+    if dtype is None:  # one compiled pass: the take's larger part
+        size = flat_now.size if where is None else len(where)
+        idx, values = np.empty(size, np.int64), np.empty(size, flat_now.dtype)
+        n = _moved(flat_now, flat_base, where, idx, values)
+        idx, values = idx[:n], values[:n]
+    else:
+        where = np.arange(flat_now.size) if where is None else where
+        diff = (flat_now[where] - flat_base[where]).astype(dtype)
+        moved = np.flatnonzero(diff)
+        idx, values = where[moved], diff[moved]
+        flat_base[idx] += values
+    return encode_entries(name, idx, values, flat_now.size)
+
+
+def encode_entries(name: str, idx: np.ndarray, values: np.ndarray, size: int) -> dict[str, np.ndarray]:
+    """``publish``'s output for the changes ``values`` at sorted flat indices ``idx`` of an
+    array of ``size`` entries: the smallest form (a bitmap where 1 entry in 8 or more moved:
+    gaps compress to about a byte each below that).
+
+    >>> out = encode_entries("x", np.arange(0, 64, 2), np.ones(32, np.float32), 64)
+    >>> sorted(out), entries_of(out, "x", np.zeros(64, np.float32))[0][:3].tolist()
+    (['x.b', 'x.v'], [0, 2, 4])
+    """
+    n, item = len(idx), values.itemsize
+    if not n:
+        return {}
+    bitmap = -(-size // 8)
+    if bitmap + n * item < size * item and 8 * n >= size >= 64:
+        bits = np.zeros(bitmap, np.uint8)
+        _set_bits(bits, idx)
+        return {name + ".b": bits, name + ".v": values}
+    if n * (4 + item) < size * item:
+        return {name + ".i": np.diff(idx, prepend=0).astype(np.uint32), name + ".v": values}
+    out = np.zeros(size, dtype=values.dtype)
+    out[idx] = values
+    return {name + ".d": out}
+
+
+@njit(nogil=True, cache=True)
+def _moved(now, base, where, idx, values):
+    """idx, values = the entries of ``where`` (None: all) where now != base, and their change;
+    base = now there. Returns how many (the same arithmetic as numpy's, in float32)."""
+    n = 0
+    for k in range(now.shape[0] if where is None else where.shape[0]):
+        w = k if where is None else where[k]
+        change = now[w] - base[w]
+        moved = change != 0
+        # no branch (3.5x faster where most entries moved): written at n, kept if it moved
+        idx[n], values[n] = w, change
+        base[w] = now[w] if moved else base[w]
+        n += moved
+    return n
+
+
+@njit(nogil=True, cache=True)
+def _set_bits(bits, idx):
+    for i in idx:
+        bits[i >> 3] |= np.uint8(1 << (i & 7))
+
+
+@njit(nogil=True, cache=True)
+def _bit_indices(bits, size, out):
+    """The set bits' indices into ``out`` (8 entries longer than their number); returns how
+    many, or more than ``out`` holds less 8 when the bits do not match it (one set at or after
+    ``size``, or too many: a bad delta)."""
+    n, limit = 0, out.shape[0] - 8
+    for byte in range(bits.shape[0]):
+        b = np.int64(bits[byte])
+        if b == 0:
+            continue
+        if n > limit:
+            return limit + 1
+        for k in range(8):  # no branch per bit (most bytes have several set): written, kept if set
+            out[n] = byte * 8 + k
+            n += (b >> k) & 1
+    if n and out[n - 1] >= size:
+        return limit + 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def _add_at(flat, idx, values):
+    for n in range(idx.shape[0]):
+        flat[idx[n]] += values[n]
+
+
+def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
+    """(flat indices or None for dense, values) of ``publish`` output, checked against
+    the array they apply to; None when the delta has none. Raises ValueError on a mismatch."""
+    if name + ".d" in arrays:
+        values = arrays[name + ".d"]
+        if values.shape != (like.size,) or not _fits(values, like):
+            raise ValueError(f"delta's {name} does not fit this model (shape or dtype)")
+        return None, values
+    if name + ".b" in arrays:
+        bits, values = arrays[name + ".b"], arrays[name + ".v"]
+        if bits.dtype != np.uint8 or bits.shape != (-(-like.size // 8),) or values.ndim != 1:
+            raise ValueError(f"delta's {name} does not fit this model (bitmap)")
+        idx = np.empty(len(values) + 8, np.int64)
+        if _bit_indices(bits, like.size, idx) != len(values) or not _fits(values, like):
+            raise ValueError(f"delta's {name} does not fit this model (bitmap or dtype)")
+        return idx[:len(values)], values
+    if name + ".i" not in arrays:
+        return None
+    idx = np.cumsum(arrays[name + ".i"], dtype=np.int64)
+    values = arrays[name + ".v"]
+    if values.shape != idx.shape or not _fits(values, like) or (len(idx) and idx[-1] >= like.size):
+        raise ValueError(f"delta's {name} does not fit this model (indices or dtype)")
+    return idx, values
+
+
+def _fits(values: np.ndarray, like: np.ndarray) -> bool:
+    return values.dtype == like.dtype or (values.dtype == np.float16 and like.dtype == np.float32)
+
+
+def add_entries(target: np.ndarray, found) -> None:
+    """target += the entries ``entries_of`` found (in place; None: nothing)."""
+    if found is None:
+        return
+    idx, values = found
+    flat = target.reshape(-1)  # a view: the state arrays are contiguous
+    if idx is None:
+        flat += values
+    elif values.dtype == flat.dtype and flat.dtype.kind == "f":
+        _add_at(flat, idx, values)  # distinct indices: the same sums as flat[idx] += values
+    else:
+        flat[idx] += values
+
+
+# deferred replicas: takes and applies between two refreshes of every held slot's row (the
+# refresh hashes every held id's cells: on a fleet member it cost more than learning, py-spy)
+FULL_REFRESH_EVERY = 8
+
+
+class ModelReplica:
+    """The published state of one ``SketchMF`` and the delta arithmetic on it (see module doc).
+    ``admit_after``: local sightings after which an id is announced for a heavy slot;
+    ``precision`` of the published cell and slot changes: "float32" (the cells' own) or
+    "float16" (half the bytes; each delta carries the rounding left by the previous one, so
+    nothing is lost: a member's replica runs ahead of the published state by < 2^-11 of its
+    last changes, and takes without new learning shrink that by 2^-11 each).
+
+    >>> from sketchrec.models import SketchMF
+    >>> a, b = SketchMF(dim=4, width=512, heavy_slots=16), SketchMF(dim=4, width=512, heavy_slots=16)
+    >>> ra, rb = ModelReplica(a), ModelReplica(b)
+    >>> _ = a.learn_many([1, 2], [7, 7], [4.0, 3.0])
+    >>> rb.apply(ra.take())
+    >>> b.n_learned, float(b.global_mean), ra.take()
+    (2, 3.5, {})
+    """
+
+    def __init__(self, model, admit_after: int = 8, precision: str = "float32",
+                 tracked: bool = False, deferred: bool = False):
+        if precision not in ("float32", "float16"):
+            raise ValueError("precision must be float32 or float16")
+        self.dtype = np.float16 if precision == "float16" else None
+        if not hasattr(model, "heavy") or not hasattr(model, "vectors"):
+            raise TypeError(f"replicas need a SketchMF, not {type(model).__name__}")
+        if getattr(model, "implicit", 0):
+            raise ValueError("replicas exchange the sketch's cells and slots: a learner with an "
+                             "implicit history (implicit > 0) keeps state they would not carry")
+        self.model = model
+        self.slots = FleetSlots(model, admit_after) if model.heavy.n_slots else None
+        m = model
+        self._cells, self._bias = m.vectors.cells.copy(), m.biases.cells.copy()
+        self._stats, self._counters, self._dp_steps = m.stats.copy(), m.counters.copy(), m.dp_steps.copy()
+        # tracked: every learned batch's keys come through touched(), so a take compares only the
+        # cells and slots they address (DP-SGD puts noise on every cell: always a full pass)
+        self._touched: list | None = [] if tracked and getattr(m, "dp", None) is None else None
+        self._batches: list = []   # touched() since the last membership change, not yet sorted
+        self._rows = 0             # rows touched since the last take
+        # float16: where the last take left rounding behind (compared again at the next take)
+        self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
+        self._masks: tuple | None = None
+        # deferred: a take or apply leaves the held slots' rows stale, for ready() to refresh,
+        # which it does every FULL_REFRESH_EVERY of them (or when told: settle, a snapshot)
+        self.deferred, self.stale, self._stale_events = deferred, False, 0
+
+    def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        """Record the ids of a learned batch (all rows, canaries included) for ``tracked``: an id
+        held in a heavy slot while it was learned changed its slot only, any other its cells.
+        Sorted out at the next change of membership (``_sort_touched``), and not at all once the
+        take is to be a full pass (``_full``)."""
+        if self._touched is None:
+            return
+        self._rows += len(ukeys)
+        if self._full():
+            self._batches = []
+        else:
+            self._batches.append((ukeys, ikeys))
+
+    def _full(self) -> bool:
+        """Whether the cells the rows touched since the last take address (with repeats) are as
+        many as there are cells: a full pass then costs no more than finding them (ML-100k,
+        2,000-rating takes: ~70% of the cells move). Never with float16, whose rounding (in
+        numpy) costs more per entry than the finding."""
+        salts = self.model.store.salts
+        return (self.dtype is None and self._rows * 2 * salts.shape[1] * salts.shape[2]
+                >= self.model.vectors.cells.size)
+
+    def _sort_touched(self) -> None:
+        """The ids of the batches touched since the last change of membership, by whether they
+        are held (before ids are admitted or evicted)."""
+        if not self._batches:
+            return
+        ukeys, ikeys = (distinct(np.concatenate(keys)) for keys in zip(*self._batches))
+        self._batches = []
+        if self.slots is None:
+            self._touched.append((ukeys, ikeys, _EMPTY, _EMPTY))
+            return
+        held = [self.slots.locate(k, np.full(len(k), f, np.uint8)) >= 0
+                for f, k in zip(FAMILIES, (ukeys, ikeys))]
+        self._touched.append((ukeys[~held[0]], ikeys[~held[1]], ukeys[held[0]], ikeys[held[1]]))
+
+    def _where(self) -> tuple:
+        """(cell indices, bias indices, held slots) the ids touched since the last take address;
+        (None, None, None): everything. Cells only for ids learned outside a slot (and ids evicted
+        since), slots only for ids learned in one: O(what changed) plus one scan of a bitmap."""
+        full = self._touched is None or self._full()
+        self._rows = 0
+        if full:
+            if self._touched is not None:
+                self._touched, self._batches = [], []
+            if self.slots is not None:
+                self.slots.spilled = []  # a full pass finds them anyway
+            return None, None, None
+        self._sort_touched()
+        m = self.model
+        touched = self._touched + [(_EMPTY,) * 4]
+        if self.slots is not None and self.slots.spilled:  # their unpublished part is in the cells
+            keys, families = np.array(self.slots.spilled, dtype=np.uint64).reshape(-1, 2).T
+            self.slots.spilled = []
+            touched.append((keys[families == USER], keys[families == ITEM], _EMPTY, _EMPTY))
+        self._touched = []
+        keys = [distinct(np.concatenate([t[n] for t in touched])) for n in range(4)]
+        if self._masks is None:  # reused: allocating and zeroing one per take costs more
+            self._masks = (np.zeros(m.vectors.cells.size, bool), np.zeros(m.biases.cells.size, bool))
+        where = []
+        for cells, salts, carried, mask in ((m.vectors.cells, m.store.salts, self._carry[0], self._masks[0]),
+                                            (m.biases.cells, m.store.bias_salts, self._carry[1], self._masks[1])):
+            found = [cell_indices(salts[f], keys[n], cells.shape[1]) for n, f in enumerate(FAMILIES)]
+            found = np.concatenate(found + [carried])
+            mask[found] = True   # a bitmap beats sorting the indices, which repeat
+            idx = np.flatnonzero(mask)
+            mask[idx] = False
+            where.append(idx)
+        slots = None
+        if self.slots is not None:
+            slots = np.concatenate([self.slots.locate(keys[2 + n], np.full(len(keys[2 + n]), f, np.uint8))
+                                    for n, f in enumerate(FAMILIES)] + [self.slots.locate(*self._carry[2:])])
+            slots = distinct(slots[slots >= 0])
+        return where[0], where[1], slots
+
+    def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        """Count a learned batch's ids (heavy-slot announcements, at the next take); a no-op
+        without slots."""
+        if self.slots is not None:
+            self.slots.observe(ukeys, ikeys)
+
+    # --- take ---------------------------------------------------------------------------------------
+    def take(self) -> dict[str, np.ndarray]:
+        """The arrays of everything learned since the base ({} if nothing); the base moves to now."""
+        m = self.model
+        out: dict[str, np.ndarray] = {}
+        cells, bias, slots = self._where()
+        if self.slots is not None:
+            keys, families, rows = self.slots.harvest(self.dtype, slots)
+            if len(keys):
+                out.update({"slot_keys": keys, "slot_families": families, "slot_rows": rows})
+        out.update(publish(m.vectors.cells, self._cells, "cells", self.dtype, cells))
+        out.update(publish(m.biases.cells, self._bias, "bias", self.dtype, bias))
+        if self.dtype is not None and self._touched is not None:
+            self._carry = (_indices(out, "cells"), _indices(out, "bias"),
+                           out.get("slot_keys", np.empty(0, np.uint64)),
+                           out.get("slot_families", np.empty(0, np.uint8)))
+        out.update(publish(m.counters, self._counters, "counters"))
+        out.update(publish(m.dp_steps, self._dp_steps, "dp_steps"))
+        if m.stats[COUNT] != self._stats[COUNT] or m.stats[TOTAL] != self._stats[TOTAL]:
+            out["stats"] = np.array([m.stats[COUNT] - self._stats[COUNT],
+                                     m.stats[TOTAL] - self._stats[TOTAL], m.stats[RMIN], m.stats[RMAX]])
+            self._stats[...] = m.stats
+        if self.slots is not None:
+            self.slots.announce()
+        if self.slots is not None and self.slots.pending:
+            keys, families = np.array(self.slots.pending, dtype=np.uint64).reshape(-1, 2).T
+            self.slots.pending = []
+            out.update({"announce_keys": keys, "announce_families": families.astype(np.uint8)})
+            self.slots.admit(keys, families.astype(np.uint8), (self._cells, self._bias))
+        if self.slots is not None and out:
+            self._went_stale()
+        return out
+
+    def _went_stale(self) -> None:
+        self.stale = True
+        self._stale_events += 1
+        self.ready()
+
+    def ready(self, full: bool = False) -> None:
+        """Refresh the held slots' rows where a take or apply left them stale. Not deferred: at
+        once. Deferred: every ``FULL_REFRESH_EVERY`` takes and applies, or now if ``full``
+        (before the state is read as a whole: a digest, a snapshot, a settled replica). Until
+        then a held id's row lags only what collisions moved in its cells (learning on a held id
+        goes to its slot, and an apply refreshes the slots whose residuals it moved at once);
+        its local learning is kept either way (a refresh adds it back on)."""
+        if self.stale and (full or not self.deferred or self._stale_events >= FULL_REFRESH_EVERY):
+            self.slots.refresh()
+            self.stale, self._stale_events = False, 0
+
+    # --- apply --------------------------------------------------------------------------------------
+    def apply(self, arrays: dict[str, np.ndarray]) -> None:
+        """Add another replica's ``take`` to the model and to the base (ValueError if it does not
+        fit this model's shape; then nothing has changed)."""
+        m = self.model
+        found = self._check(arrays)
+        if self.slots is not None and ("announce_keys" in arrays or "slot_keys" in arrays):
+            self._sort_touched()   # by the membership they were learned under
+        for targets in ((m.vectors.cells, m.biases.cells, m.counters, m.dp_steps, m.stats),
+                        (self._cells, self._bias, self._counters, self._dp_steps, self._stats)):
+            for target, entries in zip(targets, found):
+                add_entries(target, entries)
+            if "stats" in arrays:
+                merge_stats(targets[-1], arrays["stats"])
+        if self.slots is None:
+            return
+        bases = (self._cells, self._bias)
+        for prefix in ("announce", "slot"):
+            if prefix + "_keys" in arrays:
+                self.slots.admit(arrays[prefix + "_keys"], arrays[prefix + "_families"], bases)
+        if "slot_keys" in arrays:
+            routed = self.slots.route(arrays["slot_keys"], arrays["slot_families"],
+                                      arrays["slot_rows"], bases)
+            if self.deferred:   # their residuals moved: their rows now (the rest can wait)
+                self.slots.refresh(routed)
+        self._went_stale()
+
+    def _check(self, arrays: dict[str, np.ndarray]) -> list:
+        """The delta's cell, bias, counter and DP-step entries (``entries_of``), checked."""
+        m = self.model
+        found = [entries_of(arrays, name, like) for name, like in (
+            ("cells", m.vectors.cells), ("bias", m.biases.cells), ("counters", m.counters),
+            ("dp_steps", m.dp_steps))]
+        if "stats" in arrays and arrays["stats"].shape != (4,):
+            raise ValueError("delta's stats do not fit this model")
+        for prefix, width in (("slot", m.dim + 1), ("announce", None)):
+            if prefix + "_keys" not in arrays:
+                continue
+            if self.slots is None:
+                raise ValueError("delta has heavy slots, this model none")
+            keys, families = arrays[prefix + "_keys"], arrays[prefix + "_families"]
+            if (keys.dtype != np.uint64 or families.shape != keys.shape or keys.ndim != 1
+                    or families.dtype != np.uint8 or (families > ITEM).any()
+                    or (width and (arrays["slot_rows"].shape != (len(keys), width)
+                                   or arrays["slot_rows"].dtype not in (np.float32, np.float16)))):
+                raise ValueError(f"delta's {prefix} ids do not fit this model")
+        return found
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique's hash path is slow on uint64/int64 keys)."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values
+
+
+def _indices(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """The flat indices ``publish`` wrote under ``name``."""
+    if name + ".d" in arrays:
+        return np.flatnonzero(arrays[name + ".d"])
+    if name + ".b" in arrays:
+        return np.flatnonzero(np.unpackbits(arrays[name + ".b"], bitorder="little"))
+    return np.cumsum(arrays[name + ".i"], dtype=np.int64) if name + ".i" in arrays else np.empty(0, np.int64)
+
+
+def merge_stats(stats: np.ndarray, delta: np.ndarray) -> None:
+    """Add a delta's rating count and sum; the range becomes the union of both ranges."""
+    count, total, low, high = delta
+    if stats[COUNT] > 0:
+        low, high = min(low, stats[RMIN]), max(high, stats[RMAX])
+    stats[COUNT] += count
+    stats[TOTAL] += total
+    stats[RMIN], stats[RMAX] = low, high

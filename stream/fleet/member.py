@@ -1,0 +1,441 @@
+"""A fleet: many `consume --fleet` processes of one consumer group share one model.
+
+Each member learns from the partitions the group gives it and, every ``sync_ms`` or
+``sync_ratings`` (whichever first), publishes what it learned since its last publish
+(``DeltaTracker.take()``) to the model topic with the input offsets that delta covers
+(``kafka.model_topic``); it adds every other member's accepted delta to its own replica. A
+read-only ``FleetReplica`` (`sketchrec serve --bootstrap … --topic T`) only adds.
+
+Pace. A member polls large batches (a small poll waits on a fetch round trip) and learns each in
+chunks of about ``sync_ratings`` ratings, publishing and reading the model topic between chunks;
+each chunk's offsets are stored as it is learned, so what a delta covers stays exact. A member
+holding every partition is the group's only learner: nothing can drift, so it publishes every
+``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among M members, by default, every
+``DRIFT_RATINGS`` / (M - 1) ratings (at least ``sync_ratings``), M re-read at every poll.
+
+Exactly once across the fleet: the model topic is the record of what has been learned. Before a
+member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
+acknowledgement; a member given partitions first publishes a claim of them, reads the model topic
+through its claim and then seeks each partition to the offset after the last accepted delta
+covering it (``kafka.model_topic``: after the claim, only the owner's deltas count). A member that
+dies (``kill -9``) loses only what it had not published, and its successor consumes that again. A
+member whose own delta was refused (it was evicted from the group and published late) is
+*fenced*: its replica holds learning the fleet does not, so `consume --fleet` rebuilds it from the
+newest snapshot and the model topic and rejoins the group as a new member (``rebuild``).
+
+Snapshots (``kafka.snapshots``) bound the replay on start: the member holding partition 0 writes
+one every ``snapshot_seconds``, right after publishing and reading the model topic back to its
+end, when its replica is exactly the sum of the accepted deltas up to that position. On start a
+member loads the newest snapshot (the very first member writes the empty model as the first one,
+so every replica starts from the same bytes) and reads the model topic from its position.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.models.registry import MODELS
+from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
+from sketchrec.stream.fleet import snapshots
+from sketchrec.stream.kafka.consumer import KafkaLearner, kafka_config
+from sketchrec.stream.fleet.model_topic import (HEADER, MAX_MESSAGE_BYTES, FleetState, Fenced,
+                                                ModelFeed, encode_meta)
+from sketchrec.stream.kafka.offsets import OffsetBook
+from sketchrec.stream.health import log_event
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.fleet.tracker import DeltaTracker
+from sketchrec.stream.service import LearningService
+
+
+def ensure_fleet_topics(bootstrap: str, model_topic: str) -> None:
+    """The model topic and its snapshots topic, one partition each (one order for every replica)."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+    admin = KafkaAdminClient(**kafka_config(bootstrap))
+    try:
+        have = set(admin.list_topics())
+        new = [NewTopic(t, num_partitions=1, replication_factor=1,
+                        topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+               for t in (model_topic, snapshots.snapshot_topic(model_topic)) if t not in have]
+        if new:
+            try:
+                admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass  # another member was first
+    finally:
+        admin.close()
+
+
+def model_producer(bootstrap: str):
+    # one request in flight: deltas reach the topic in the order they were taken
+    from kafka import KafkaProducer
+    return KafkaProducer(**kafka_config(bootstrap), acks="all", linger_ms=0,
+                         max_in_flight_requests_per_connection=1, max_request_size=MAX_MESSAGE_BYTES)
+
+
+def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member: str | None = None,
+                 wait: float = 60.0) -> LearningService:
+    """A service whose recommender is the newest snapshot's, with ``service.fleet`` (its
+    FleetState) and ``service.tracker`` (its DeltaTracker) set. With ``make_recommender`` and no
+    snapshot yet, that recommender's empty state is written as the first one (all members then
+    start from the same bytes, whichever wrote first); without, wait up to ``wait`` seconds."""
+    ensure_fleet_topics(bootstrap, model_topic)
+    topic = snapshots.snapshot_topic(model_topic)
+    snap, deadline = snapshots.newest(bootstrap, topic), time.monotonic() + wait
+    while snap is None:
+        if make_recommender is not None:
+            first = make_recommender()
+            producer = model_producer(bootstrap)
+            write_snapshot(producer, topic, first, FleetState(), type(first.model).__name__)
+            producer.close(timeout=10)
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"no snapshot in {topic} after {wait:g} s: start a learner first")
+        else:
+            time.sleep(0.5)
+        snap = snapshots.newest(bootstrap, topic)
+    model_cls = MODELS[snap.meta["model_class"]]
+    recommender = Recommender.from_parts(snap.parts, model_cls)
+    restore_operator_parts(recommender.model, snap.parts)
+    service = LearningService(recommender, None, read_only=make_recommender is None,
+                              model_cls=model_cls)
+    state = FleetState.from_dict(snap.meta["fleet"], member)
+    # the service's figures are the fleet's: what the accepted deltas say
+    service.errors, service.skipped, service.offsets = state.errors, state.skipped, state.covered
+    service.fleet, service.tracker = state, DeltaTracker(recommender, member)
+    service.last_checkpoint = {"name": f"snapshot@{snap.offset}", "seq": snap.offset,
+                               "ratings_learned": snap.meta.get("ratings_learned"),
+                               "at": snap.meta.get("written_at")}
+    return service
+
+
+def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: str) -> None:
+    """Replace ``service``'s replica in place (an endpoint serving it keeps serving) by the
+    newest snapshot plus the model topic, as ``member``: after its member was fenced."""
+    fresh = open_replica(bootstrap, model_topic, member=member)
+    feed = ModelFeed(bootstrap, model_topic, fresh.fleet, fresh.tracker.apply)
+    try:
+        feed.catch_up()
+        fresh.tracker.settle()
+    finally:
+        feed.close()
+    for name in ("errors", "skipped", "offsets", "fleet", "tracker", "last_checkpoint", "model_cls"):
+        setattr(service, name, getattr(fresh, name))
+    service.recommender = fresh.recommender   # last: one reference swap for the endpoint
+
+
+def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetState,
+                   model_class: str) -> int:
+    parts = {**recommender.state_parts(), **operator_parts(recommender.model)}
+    return snapshots.write(producer, topic, parts, {"fleet": state.to_dict(), "model_class": model_class,
+                                                    "ratings_learned": int(recommender.model.n_learned)})
+
+
+POLL_CHUNKS = 8    # sync-sized chunks per input poll, at most
+ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
+SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
+# By default the interval follows the fleet's size: a member learns from a replica lacking what
+# the others learned since their last sync, about (M - 1) x interval ratings, so the interval is
+# DRIFT_RATINGS / (M - 1) (docs/scaling.md): in-process on ML-100k (time order, partitioned by
+# user) +0.02-0.12% prequential RMSE against one learner for M = 2, 3, 6; the fleet test under a
+# load average of 8, +0.30-0.68% (500 every member: +0.33-0.47%); 5,000 halved the sync work
+# again but drifted to +3% once in six loaded runs.
+DRIFT_RATINGS = 2_000
+FEED_WAIT_MS = 1   # among others: after a publish, wait this long for their deltas in flight
+
+
+class FleetLearner(KafkaLearner):
+    """One member of a fleet (see the module docstring). ``service`` comes from ``open_replica``."""
+
+    needs_checkpoints = False
+
+    def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
+                 model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
+                 sync_ratings: int | None = None, max_poll_records: int = 20_000, **kw):
+        self.state: FleetState = service.fleet
+        self.tracker: DeltaTracker = service.tracker
+        self.model_topic = model_topic
+        self.snapshot_topic = snapshots.snapshot_topic(model_topic)
+        self.feed = ModelFeed(bootstrap, model_topic, self.state, self.tracker.apply)
+        self.feed.catch_up()
+        self.model_producer = model_producer(bootstrap)
+        self.published: dict[str, int] = {}   # partition -> offset the model topic covers to
+        self.errors, self.skipped_since = ErrorStats(), Counter()
+        self.seq, self.bytes_published, self.inflight = 0, 0, []
+        self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
+        self.by_size = sync_ratings is None   # the interval follows the fleet's size (_pace)
+        sync_ratings = sync_ratings or SYNC_RATINGS
+        self.sync_ratings = self.chunk_ratings = sync_ratings
+        self.alone = False   # holds every partition of the topic (see _pace)
+        self.per_message: float | None = None   # ratings per input message, as measured
+        self.max_poll = max_poll_records
+        self.fenced: Exception | None = None
+        self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
+        self.progress: list[tuple[float, int]] = []   # (time, own) every 50 ms or so (figures)
+        # large polls (a small one waits on a fetch round trip); _learn cuts them into sync-sized
+        # chunks and publishes between chunks
+        super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
+                         checkpoint_seconds=sync_ms / 1000.0, max_poll_records=max_poll_records, **kw)
+        # local positions, not the fleet's (those are service.offsets)
+        self.book = OffsetBook({}, sync_ratings, sync_ms / 1000.0)
+
+    # --- where state goes ------------------------------------------------------------------------
+    def _record(self, skipped, predictions=None, truth=None) -> None:
+        if predictions is not None:
+            self.errors.add(predictions, truth)
+        self.skipped_since.update(skipped)
+        self.dead_letters.update(skipped)
+
+    def _seek(self, tps) -> None:
+        """Partitions given to this member: claim them on the model topic and read it through
+        the claim (from there on, no other member's delta covering them counts), then resume each
+        partition after the last accepted delta covering it."""
+        if not tps:
+            return
+        try:
+            self.feed.read_through(self._claim(tps))
+        except Exception as exc:  # noqa: BLE001 - (a callback's error would only be logged)
+            # without the model topic through the claim, where to resume is unknown: learn nothing
+            self.consumer.pause(*tps)
+            self._fence(f"cannot claim partitions on the model topic "
+                        f"({type(exc).__name__}: {exc})")
+            return
+        fresh = [tp for tp in tps if str(tp.partition) not in self.state.covered]
+        starts = self.feed.consumer.beginning_offsets(fresh) if fresh else {}
+        for tp in tps:
+            p = str(tp.partition)
+            at = self.state.covered.get(p, starts.get(tp))
+            self.consumer.seek(tp, at)
+            self.book.offsets[p] = self.published[p] = at
+
+    def _learn(self, records: dict) -> None:
+        """Learn a poll's messages in chunks of about ``sync_ratings`` ratings, publishing a delta
+        when one is due and adding the other members' deltas between chunks: replicas drift apart
+        the more each learns alone between syncs, whatever the poll size. Each chunk's offsets are
+        stored as it is learned, so a stop between chunks publishes exactly what was learned."""
+        if self.first_at is None:
+            self.first_at = time.time()
+            self.progress.append((self.first_at, 0))
+        self._pace()
+        for chunk in self._chunks(records):
+            if self.fenced is not None or self.stop.is_set():
+                return  # the rest is consumed again by whoever resumes from the published offsets
+            before = self.book._pending
+            super()._learn(chunk)
+            learned = self.book._pending - before
+            self.own += learned
+            messages = sum(len(batch) for batch in chunk.values())
+            self.per_message = max(1.0, learned / max(messages, 1))
+            self.last_at = time.time()
+            if self.last_at - self.progress[-1][0] >= 0.05:
+                self.progress.append((self.last_at, self.own))
+            read = None
+            if self.book.expired():
+                # the take's refresh of the held slots: by an apply now, else in _tick
+                self.checkpoint("interval", refresh=False)
+                if not self.alone:  # a slot for the model topic's fetches (big polls never wait)
+                    read = self._read_feed(FEED_WAIT_MS)
+            self._tick(read)
+        # a poll of at most POLL_CHUNKS chunks: big enough that most polls find fetched data,
+        # small enough to stay far within the group's max poll interval on a loaded machine
+        self.consumer.config["max_poll_records"] = min(self.max_poll, POLL_CHUNKS * self._chunk_messages())
+
+    def _chunks(self, records: dict):
+        """Sub-polls of ``records`` (partition -> messages, in order) of about ``sync_ratings``
+        ratings each, by the ratings per message measured so far (the first chunk is 1 message)."""
+        chunk, room = {}, self._chunk_messages()
+        for tp, messages in records.items():
+            at = 0
+            while at < len(messages):
+                part = messages[at:at + room]
+                chunk[tp], at, room = part, at + len(part), room - len(part)
+                if room == 0:
+                    yield chunk
+                    chunk, room = {}, self._chunk_messages()
+        if chunk:
+            yield chunk
+
+    def _chunk_messages(self) -> int:
+        if self.per_message is None:
+            return 1
+        return max(1, int(self.chunk_ratings / self.per_message))
+
+    def _pace(self) -> None:
+        """``sync_ratings`` bounds how far learners drift apart (each learns from a replica
+        lacking the others' latest deltas). A member holding every partition of the topic is
+        the group's only learner (a zombie's deltas are refused): nothing drifts, so it publishes
+        every ALONE x sync_ratings ratings or ``sync_ms``, whichever comes first, and saves most
+        takes. Otherwise, by default, every DRIFT_RATINGS / (M - 1) ratings (at least
+        ``sync_ratings``), M the group's learners as this member's share of the partitions
+        suggests (re-read at every poll: a rebalance changes it)."""
+        partitions = self.consumer.partitions_for_topic(self.topic) or set()
+        held = {tp.partition for tp in self.consumer.assignment()}
+        self.alone = bool(partitions) and partitions <= held
+        every = self.sync_ratings
+        if self.alone:
+            every *= ALONE
+        elif self.by_size and held:
+            members = -(-len(partitions) // len(held))
+            every = max(every, DRIFT_RATINGS // max(1, members - 1))
+        self.chunk_ratings = self.book.every = every
+
+    def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:
+        """Publish what was learned since the last publish. Before giving partitions up (and
+        for a snapshot, and at the end) wait until the broker acknowledged every delta. A
+        fenced member publishes nothing more (it would be refused). ``refresh=False``: leave the
+        held slots as the take left them, to the caller's next apply or ``_tick``."""
+        if self.fenced is not None:
+            return False
+        try:
+            self._publish()
+            if refresh:
+                self.tracker.ready()   # what this replica serves: refreshed held slots
+            if why != "interval":
+                self.producer.flush(timeout=30)  # dead letters
+                self.model_producer.flush(timeout=60)
+            self._settle_inflight()
+        except Exception as exc:  # noqa: BLE001 - a delta not delivered: this replica diverged
+            self._fence(f"a delta could not be published ({type(exc).__name__}: {exc}); this "
+                        "replica holds learning the fleet does not: restart it")
+            return False
+        self.book.checkpointed()
+        return True
+
+    def _publish(self) -> None:
+        covers = {int(p): (self.published[p], at) for p, at in self.book.offsets.items()
+                  if at != self.published.get(p)}
+        blob = self.tracker.take()
+        if not (covers or blob):
+            return
+        meta = encode_meta(self.state.member, self.seq, covers, self.errors, self.skipped_since)
+        # one request in flight (model_producer): the topic holds the deltas in this order
+        self.inflight.append(self.model_producer.send(
+            self.model_topic, value=blob or b"", key=self.state.member.encode(), partition=0,
+            headers=[(HEADER, meta)]))
+        self.seq += 1
+        self.bytes_published += len(blob or b"")
+        self.published.update({str(p): end for p, (_, end) in covers.items()})
+        self.errors, self.skipped_since = ErrorStats(), Counter()
+
+    def _claim(self, tps) -> int:
+        """Publish a claim of ``tps`` (after this member's pending deltas); its model offset."""
+        meta = encode_meta(self.state.member, self.seq, {}, ErrorStats(), Counter(),
+                           claims=sorted(tp.partition for tp in tps))
+        future = self.model_producer.send(self.model_topic, value=b"", key=self.state.member.encode(),
+                                          partition=0, headers=[(HEADER, meta)])
+        self.seq += 1
+        return future.get(timeout=60).offset
+
+    def _settle_inflight(self) -> None:
+        """Drop acknowledged deltas; raise the error of one that failed (kafka-python retries
+        until its delivery timeout first)."""
+        while self.inflight and self.inflight[0].is_done:
+            future = self.inflight.pop(0)
+            if future.failed():
+                raise future.exception
+
+    def _read_feed(self, timeout_ms: int) -> int:
+        """Add the other members' deltas that have arrived (their number); fenced if this
+        member's own delta was refused."""
+        try:
+            return self.feed.poll(timeout_ms)
+        except Fenced as exc:
+            self._fence(str(exc))
+            return 0
+
+    def _fence(self, why: str) -> None:
+        self.fenced = Fenced(why)
+        self.stop.set()
+        log_event("fenced", logging.ERROR, error=why)
+
+    def _tick(self, read: int | None = None) -> None:
+        """After each poll (or chunk): add the other members' deltas (unless ``read``, the number
+        just read: a second poll right after it would find little and cost a fetch round); the
+        holder of partition 0 snapshots."""
+        if read is None:
+            read = self._read_feed(0)
+        if self.fenced is not None:
+            return
+        self.tracker.ready()   # a take's deferred refresh, unless an apply did it
+        try:
+            if read == 0 and (self.last_at is None or time.time() - self.last_at > 0.2):
+                self.tracker.settle()   # idle: the popular list as every settled replica has it
+            self._settle_inflight()
+        except Exception as exc:  # noqa: BLE001 - a delta that failed: see checkpoint()
+            self._fence(f"a delta could not be published ({type(exc).__name__}: {exc})")
+            return
+        if (time.monotonic() - self.last_snapshot >= self.snapshot_seconds
+                and any(tp.partition == 0 for tp in self.consumer.assignment())):
+            self.snapshot()
+
+    def snapshot(self) -> int | None:
+        """Publish, read the model topic back to its end (this replica is then exactly the
+        accepted deltas up to there), and write a snapshot. Its manifest's offset, or None."""
+        self.last_snapshot = time.monotonic()
+        if not self.checkpoint("snapshot"):
+            return None
+        try:
+            self.feed.catch_up()
+        except Fenced as exc:
+            self._fence(str(exc))
+            return None
+        self.tracker.settle()
+        offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
+                                self.state, self.service.model_cls.__name__)
+        log_event("snapshot", offset=offset, position=self.state.position,
+                  ratings=self.service.ratings_learned)
+        return offset
+
+    def run(self, idle_exit: float | None = None) -> None:
+        """As ``KafkaLearner.run``; at the end, the model topic is read to its end, so that this
+        replica holds every delta published before it stopped."""
+        try:
+            super().run(idle_exit)
+        finally:
+            self.model_producer.close(timeout=10)
+        try:
+            if self.fenced is None:
+                self.feed.catch_up()
+                self.tracker.settle()
+        except Fenced as exc:
+            self.fenced = exc
+        finally:
+            self.feed.close()
+
+
+def new_member_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class FleetReplica:
+    """A read-only replica: a thread adds every accepted delta of the model topic to the service
+    that ``open_replica`` built, until ``stop`` is set."""
+
+    def __init__(self, service: LearningService, bootstrap: str, model_topic: str):
+        self.service = service
+        self.feed = ModelFeed(bootstrap, model_topic, service.fleet, service.tracker.apply)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="model-topic")
+
+    def start(self) -> "FleetReplica":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        health = self.service.health
+        health.watch_broker()
+        while not self.stop.is_set():
+            try:
+                if not self.feed.poll(200):
+                    self.service.tracker.settle()   # read to the end: the popular list too
+                health.polled(True)
+            except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
+                health.broker_lost(f"{type(exc).__name__}: {exc}")
+                log_event("poll_failed", logging.WARNING, error=health.last_error)
+                time.sleep(0.5)
+        self.feed.close()

@@ -1,0 +1,205 @@
+"""The model topic of a fleet: the ordered record of what every member has learned.
+
+Format. One partition (``TOPIC.model`` by default), so every replica reads the same sequence.
+A message is one member's delta since its previous one: the value is the delta blob of
+``stream.serving.replica.DeltaTracker.take()`` (empty when the member only stepped over dead
+letters), the key is the member's id, and the header ``sketchrec.delta`` holds JSON::
+
+    {"v": 1, "member": "…", "seq": 7, "covers": {"3": [1200, 1750]}, "errors": {"n": …, "sq": …, "abs": …},
+     "skipped": {"reason": count}, "claims": ["3"]}
+
+(``claims`` only in a member's claim, see below; its value is empty.)
+
+``covers`` maps each input partition to the half-open offset range [from, to) whose ratings the
+delta holds. The topic is thus the record of what has been learned, and a ``FleetState`` reading
+it knows, per input partition, the offset after the last delta covering it (``covered``).
+
+Acceptance (exactly once). A member given a partition first publishes a *claim* naming it and
+reads the topic through its own claim; from the claim on, the partition's deltas count only from
+that member (its owner). A delta is applied only if its member owns each partition it covers (or
+the partition was never claimed) and each range starts exactly where the partition's coverage
+ends (or the partition was never covered). Every replica reads the same order and applies the
+same rule, so all agree on which deltas count, and no input offset is ever counted twice: a
+member that lost its partitions without knowing it (evicted from the group on a stalled
+heartbeat: a "zombie") and publishes late finds its delta refused everywhere once the new owner's
+claim is in — including by itself, which then raises ``Fenced`` (its own replica holds the
+refused learning; it must be rebuilt). A zombie delta written before the claim counts, and the
+new owner, reading through its claim, resumes after it. A message a producer retry wrote twice
+(same member, same ``seq``) is read once.
+
+>>> state = FleetState(member="a")
+>>> state.accepts({"covers": {"0": [0, 10]}}), state.covered
+(True, {})
+>>> state.settle({"member": "b", "seq": 0, "covers": {"0": [0, 10]}, "errors": {"n": 10, "sq": 5.0, "abs": 6.0}}, 0)
+>>> state.covered, state.position, state.errors.n
+({'0': 10}, 1, 10)
+>>> state.accepts({"covers": {"0": [5, 12]}})   # overlaps what is covered: refused everywhere
+False
+>>> state.duplicate({"member": "b", "seq": 0})
+True
+>>> state.settle({"member": "c", "seq": 0, "covers": {}, "claims": ["0"]}, 1)   # c owns 0 now
+>>> state.accepts({"member": "b", "covers": {"0": [10, 20]}}), state.accepts({"member": "c", "covers": {"0": [10, 20]}})
+(False, True)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.stream.health import log_event
+
+HEADER = "sketchrec.delta"
+VERSION = 1
+MAX_MESSAGE_BYTES = 64 << 20   # the topic is created allowing messages this large
+
+
+class Fenced(RuntimeError):
+    """This member's own delta was refused: it learned offsets another member had covered."""
+
+
+def model_topic(topic: str, given: str | None = None) -> str:
+    """The model topic of input ``topic`` (``TOPIC.model`` unless given)."""
+    return given or f"{topic}.model"
+
+
+def encode_meta(member: str, seq: int, covers: dict[int, tuple[int, int]], errors: ErrorStats,
+                skipped: Counter, claims: list[int] = ()) -> bytes:
+    """The header of one delta message, or of a claim (see the module docstring)."""
+    meta = {"v": VERSION, "member": member, "seq": seq,
+            "covers": {str(p): [int(a), int(b)] for p, (a, b) in covers.items()},
+            "errors": errors.to_dict(), "skipped": dict(skipped)}
+    if claims:
+        meta["claims"] = [str(p) for p in claims]
+    return json.dumps(meta, separators=(",", ":")).encode()
+
+
+def decode_meta(headers) -> dict | None:
+    """The delta header of a message, or None when it is not a delta message."""
+    for key, value in headers or []:
+        if key == HEADER:
+            try:
+                meta = json.loads(value)
+            except ValueError:
+                return None
+            return meta if isinstance(meta, dict) and meta.get("v") == VERSION else None
+    return None
+
+
+@dataclass
+class FleetState:
+    """What a replica knows from the model topic: the next offset to read (``position``), the
+    offset after the last accepted delta per input partition (``covered``, keys as text like
+    checkpoint offsets), the member whose claim owns each partition (``owners``), and the fleet's
+    prequential errors and skip counts (accepted deltas)."""
+
+    member: str | None = None   # this process's id (None: a read-only replica)
+    position: int = 0
+    covered: dict = field(default_factory=dict)
+    errors: ErrorStats = field(default_factory=ErrorStats)
+    skipped: Counter = field(default_factory=Counter)
+    refused: int = 0
+    seen: dict = field(default_factory=dict)   # member -> the last seq read (retries are read once)
+    owners: dict = field(default_factory=dict)  # partition -> the member of its newest claim
+
+    def duplicate(self, meta: dict) -> bool:
+        return meta.get("seq", 0) <= self.seen.get(meta.get("member"), -1)
+
+    def accepts(self, meta: dict) -> bool:
+        member = meta.get("member")
+        return all(self.covered.get(p, start) == start and self.owners.get(p, member) == member
+                   for p, (start, _) in meta["covers"].items())
+
+    def settle(self, meta: dict, offset: int) -> None:
+        """Record an accepted delta read at ``offset``."""
+        for p, (_, end) in meta["covers"].items():
+            self.covered[p] = end
+        for p in meta.get("claims") or ():
+            self.owners[p] = meta.get("member")
+        e = meta.get("errors") or {}
+        self.errors.n += e.get("n", 0)
+        self.errors.sq += e.get("sq", 0.0)
+        self.errors.abs += e.get("abs", 0.0)
+        self.skipped.update(meta.get("skipped") or {})
+        self.seen[meta.get("member")] = meta.get("seq", 0)
+        self.position = offset + 1
+
+    def to_dict(self) -> dict:
+        return {"position": self.position, "covered": self.covered, "errors": self.errors.to_dict(),
+                "skipped": dict(self.skipped), "seen": self.seen, "owners": self.owners}
+
+    @classmethod
+    def from_dict(cls, d: dict, member: str | None = None) -> "FleetState":
+        return cls(member, d["position"], dict(d["covered"]), ErrorStats.from_dict(d["errors"]),
+                   Counter(d.get("skipped", {})), seen=dict(d.get("seen", {})),
+                   owners=dict(d.get("owners", {})))
+
+
+class ModelFeed:
+    """Reads the model topic from ``state.position`` and applies accepted deltas through
+    ``apply(blob)`` (``DeltaTracker.apply``); this member's own deltas are already in its replica
+    and are only settled. ``poll()`` takes what has arrived; ``catch_up()`` reads to the end."""
+
+    def __init__(self, bootstrap: str, topic: str, state: FleetState, apply):
+        from kafka import KafkaConsumer, TopicPartition
+        from sketchrec.stream.kafka.consumer import kafka_config
+        self.state, self.apply = state, apply
+        self.tp = TopicPartition(topic, 0)
+        # no CRC check in Python (~10 MB/s: the cost of reading big deltas; the broker checked
+        # it on produce), and a short fetch wait: a poll between two input polls must not block
+        self.consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
+                                      isolation_level="read_committed", max_poll_records=500,
+                                      check_crcs=False, fetch_max_wait_ms=5,
+                                      fetch_max_bytes=MAX_MESSAGE_BYTES,
+                                      max_partition_fetch_bytes=MAX_MESSAGE_BYTES)
+        self.consumer.assign([self.tp])
+        self.consumer.seek(self.tp, state.position)
+        self.bytes_read = 0
+
+    def poll(self, timeout_ms: int = 0) -> int:
+        """Apply what has arrived; the number of messages read."""
+        batches = self.consumer.poll(timeout_ms=timeout_ms)
+        n = 0
+        for msg in batches.get(self.tp, []):
+            self._take(msg)
+            n += 1
+        return n
+
+    def catch_up(self, timeout: float = 60.0) -> None:
+        """Read until the end of the topic as it is now."""
+        self.read_through(self.consumer.end_offsets([self.tp])[self.tp] - 1, timeout)
+
+    def read_through(self, offset: int, timeout: float = 60.0) -> None:
+        """Read until the message at ``offset`` is read (e.g. one this member has just written)."""
+        import time
+        deadline = time.monotonic() + timeout
+        while self.state.position <= offset:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"model topic: at {self.state.position}, waiting for {offset}")
+            self.poll(200)
+
+    def _take(self, msg) -> None:
+        meta = decode_meta(msg.headers)
+        if meta is None or self.state.duplicate(meta):  # not a delta, or a retry's copy
+            self.state.position = msg.offset + 1
+            return
+        mine = meta.get("member") == self.state.member
+        if not self.state.accepts(meta):
+            self.state.refused += 1
+            self.state.position = msg.offset + 1
+            log_event("delta_refused", logging.WARNING, offset=msg.offset, member=meta.get("member"),
+                      covers=json.dumps(meta["covers"], separators=(",", ":")))
+            if mine:
+                raise Fenced(f"this member's delta at model offset {msg.offset} covers offsets "
+                             "another member had already covered; its replica must be rebuilt")
+            return
+        if not mine and msg.value:
+            self.apply(msg.value)
+        self.bytes_read += len(msg.value or b"")
+        self.state.settle(meta, msg.offset)
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)

@@ -1,0 +1,361 @@
+"""The serving state around a learner: what the live endpoint needs beyond the model.
+
+- the item catalogue seen so far (ids and their keys only; vectors stay in the sketch),
+- a Bloom filter over (user, item) pairs, so recommendations never include an item the user
+  rated (a false positive may hide an unseen item, never show a seen one),
+- a Bloom filter over users (unknown users get the most popular items),
+- a count-min sketch with a heavy-hitters list of the most rated items (ranked for unknown users
+  on the snapshot's cadence below, not per request),
+- a snapshot of the catalogue's item factors, so /recommend is one matrix-vector product. It is
+  rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
+  at most once per ten times its own build cost: recommendations reflect the model as of at most
+  ``max(refresh_s, 10 x build time)`` ago (1 s by default; ~1 ms to build for ML-100k's catalogue).
+- the served ranking (``stream.serving.ranking``, unless ``served_ranking=False`` or the model is
+  central-DP: its release covers the scores, the counts are operator state): a known user's
+  items ranked by the model's score blended with all-time and recent popularity, weighted online
+  by the blends' hits on learned ratings >= 4 (the retrieval index's path ranks by the model alone),
+- for catalogues of ``index_threshold`` items or more, a retrieval index over the snapshot
+  (``models.retrieval``: qoLSH codes, a Hamming short-list, exact re-rank of the short-list),
+  refreshed incrementally with the snapshot; smaller catalogues are scored exactly.
+
+``Recommender.learn_many`` has the learner's signature, so the evaluation protocols and the
+learning thread drive it exactly as they drive a bare model. The monitor feed and the LDP debias
+map are a ``models.wrapped.Wrapped`` learner's hooks (``monitor``, ``debias``); canary rows
+(``privacy.audit.real_rows``) reach the model and the monitor, never the serving structures. Learning and reading run in different
+threads: the model's kernels release the GIL; the catalogue grows under a lock and readers take
+a consistent snapshot (arrays are only ever appended to or replaced, never shrunk).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from sketchrec.models.base import ITEM, USER
+from sketchrec.models.wrapped import Wrapped
+from sketchrec.privacy.audit import real_rows
+from sketchrec.stream.served_ranking import RELEVANT, ServedRanking
+from sketchrec.sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
+from sketchrec.sketches.hashing import as_keys, key_of
+
+
+
+class Catalogue:
+    """Item ids seen so far, in first-seen order, with their keys in a growable buffer.
+
+    >>> cat = Catalogue()
+    >>> cat.add(np.array([7, 5, 7]), np.array([70, 50, 70], dtype=np.uint64))
+    >>> cat.add(np.array([5, 9]), np.array([50, 90], dtype=np.uint64))
+    >>> cat.snapshot()[0], cat.snapshot()[1].tolist()
+    ([7, 5, 9], [70, 50, 90])
+    """
+
+    def __init__(self):
+        self.ids: list = []
+        self._keys = np.empty(1024, dtype=np.uint64)
+        self._known = np.empty(0, dtype=np.uint64)   # the keys, sorted: a batch is checked in C
+        self._lock = threading.Lock()
+
+    def add(self, ids, keys: np.ndarray) -> None:
+        uniq, first = np.unique(keys, return_index=True)
+        with self._lock:
+            known = self._known
+            if len(known):
+                at = np.minimum(np.searchsorted(known, uniq), len(known) - 1)
+                fresh = known[at] != uniq
+                if not fresh.any():
+                    return   # the usual batch once the catalogue is complete
+                uniq, first = uniq[fresh], first[fresh]
+            new = np.sort(first)
+            n0, n1 = len(self.ids), len(self.ids) + len(new)
+            if n1 > len(self._keys):
+                grown = np.empty(max(n1, 2 * len(self._keys)), dtype=np.uint64)
+                grown[:n0] = self._keys[:n0]
+                self._keys = grown  # readers holding the old buffer still see a valid prefix
+            self._keys[n0:n1] = keys[new]
+            # uniq is sorted and disjoint from known: insert in place of re-sorting the union
+            self._known = np.insert(known, np.searchsorted(known, uniq), uniq)
+            self.ids.extend(ids[n].item() if hasattr(ids[n], "item") else ids[n] for n in new)
+
+    def snapshot(self) -> tuple[list, np.ndarray]:
+        with self._lock:
+            n = len(self.ids)
+            return self.ids[:n], self._keys[:n]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class ItemSnapshot:
+    """Factors of the catalogue's items read out of the model at one moment, for fast scoring."""
+
+    ids: list
+    keys: np.ndarray
+    vectors: np.ndarray   # float32 (n, d)
+    biases: np.ndarray    # float64 (n,)
+    learned: int          # model.n_learned when read
+    built: float          # time.monotonic() when read
+    cost: float           # seconds the read took
+    counts: np.ndarray | None = None    # popularity signals per item (stream.serving.ranking)
+    popular: np.ndarray | None = None   # the served ranking's popularity term per item
+    share: float = 1.0                  # the served ranking's weight on the standardised model score
+
+
+def _learner_hook(name: str, doc: str) -> property:
+    """A Recommender attribute that is its learner's (a ``Wrapped``) hook of that name."""
+    return property(lambda self: getattr(self.learner, name),
+                    lambda self, value: setattr(self.learner, name, value), doc=doc)
+
+
+def _ranks_publicly(model) -> bool:
+    """Whether the served ranking may blend popularity in: not under central DP, whose release
+    covers /recommend's scores (``privacy.release``) while the count-min's exact counts and the
+    ranking's feedback are operator state; a DP model's items are ranked by the model alone."""
+    return getattr(model, "dp", None) is None
+
+
+class Recommender:
+    """A learner plus the bounded structures that serving needs (see module docstring)."""
+
+    def __init__(self, model, pair_capacity: int = 5_000_000, user_capacity: int = 1_000_000,
+                 fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0,
+                 monitor=None, index_threshold: int = 20_000, index_shortlist: float = 0.1,
+                 served_ranking: bool = True):
+        self.model = model
+        # not a base class: a Recommender does not pass unknown attributes on to the model
+        self.learner = Wrapped(model, monitor)
+        self.index_threshold, self.index_shortlist = index_threshold, index_shortlist
+        self.pairs_seen = BloomFilter(pair_capacity, fp_rate, seed=seed)
+        self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
+        self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
+        self.catalogue = Catalogue()
+        # called with every learned batch's user and item keys and its real rows (replica.py)
+        self.observers: list = []
+        # called with no arguments before every learned batch (replica.py: deferred refreshes)
+        self.before_learning: list = []
+        # runtime state, never checkpointed
+        self.refresh_s = refresh_s
+        self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
+        self._snapshot: ItemSnapshot | None = None
+        self._popular: tuple | None = None   # (built, model.n_learned, [(item, count)]) for popular()
+        # how a known user's items are ranked (None: by the model's scores alone)
+        self.ranking = ServedRanking() if served_ranking else None
+        if served_ranking:   # its first count-min read loads a kernel: not a rebuild's cost
+            self.popularity.sketch.estimate_many(np.zeros(1, dtype=np.uint64))
+        self._snapshot_lock = threading.Lock()
+        self.learning = threading.Event()
+        self.learning.set()  # cleared = paused
+
+    # the learner's interface ------------------------------------------------------------------------
+    monitor = _learner_hook("monitor", "The privacy monitor fed every learned batch "
+                            "(``privacy.monitor.PrivacyMonitor``) or None.")
+    debias = _learner_hook("predict_map", "The map of every prediction for LDP-perturbed streams "
+                           "(``privacy.ldp.Debias``) or None.")
+
+    def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
+        """Learn a batch (waits while paused) and record it for serving."""
+        return self._learn(users, items, ratings, epoch, private=False)
+
+    def noisy_step(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
+        """One DP-SGD step of a private model on this batch, recorded for serving likewise."""
+        return self._learn(users, items, ratings, epoch, private=True)
+
+    def _learn(self, users, items, ratings, epoch: int, private: bool) -> np.ndarray:
+        self.learning.wait()
+        for prepare in self.before_learning:
+            prepare()
+        users, items = np.asarray(users), np.asarray(items)
+        self._feedback(users, items, ratings)
+        ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)
+        real = real_rows(users)
+        for observe in self.observers:
+            observe(ukeys, ikeys, real)
+        users, items, ukeys, ikeys = users[real], items[real], ukeys[real], ikeys[real]
+        self.pairs_seen.add_many(pair_keys(ukeys, ikeys))
+        self.users_seen.add_many(ukeys)
+        self.popularity.add_many(items, ikeys)
+        self.catalogue.add(items, ikeys)
+        return predictions
+
+    def _feedback(self, users, items, ratings) -> None:
+        """The batch's first relevant rating by a known user, ranked before it is learned, is the
+        served ranking's feedback (``stream.serving.ranking``), when due."""
+        snap = self._snapshot
+        if snap is None or snap.counts is None or self.ranking is None or not self.ranking.due():
+            return
+        for n in np.flatnonzero(np.asarray(ratings) >= RELEVANT)[:8].tolist():
+            ukey = np.array([key_of(users[n])], dtype=np.uint64)
+            real = np.ones(1, dtype=bool)[real_rows(users[n:n + 1])]   # empty for a canary
+            if len(real) and real[0] and self.users_seen.contains_many(ukey)[0]:
+                p, bu = self.model.factors(ukey, USER)
+                self.ranking.feedback(snap, snap.counts, p[0], self.model.global_mean + bu[0],
+                                      key_of(items[n]), lambda rows: self.pairs_seen.contains_many(
+                                          pair_keys(np.full(len(rows), ukey[0]), snap.keys[rows])))
+                return
+
+    def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
+        return self.learner.predict_many(users, items, clip=clip)
+
+    @property
+    def nbytes(self) -> int:
+        return (self.model.nbytes + self.pairs_seen.nbytes + self.users_seen.nbytes
+                + self.popularity.sketch.nbytes)
+
+    @property
+    def n_skipped_clip(self) -> int:
+        return getattr(self.model, "n_skipped_clip", 0)
+
+    # serving -------------------------------------------------------------------------------------
+    def predict(self, user, item) -> float:
+        keys = np.array([key_of(user), key_of(item)], dtype=np.uint64)  # hashed once, here
+        return float(self.predict_many(keys[:1], keys[1:])[0])
+
+    def recommend(self, user, k: int) -> tuple[list[tuple[object, float]], str]:
+        """Top-k unseen items for the user, best first, with the served ranking's scores
+        (``stream.serving.ranking``; the model's own on the retrieval index's path), and where they came from
+        ("model", "model-index" when the retrieval index answered, or "popular" for a user the
+        model has not seen)."""
+        ukey = user_key(user)
+        if not len(self.catalogue):
+            return [], "empty"
+        if ukey is None or not self.users_seen.contains_many(np.array([ukey], dtype=np.uint64))[0]:
+            return self.popular(k), "popular"
+        snap = self.item_snapshot(wait=False)
+        ids, keys = snap.ids, snap.keys
+        p, bu = self.model.factors(np.array([ukey], dtype=np.uint64), USER)
+        offset = self.model.global_mean + bu[0]
+
+        def seen_rows(rows=slice(None)) -> np.ndarray:
+            """Which of the snapshot's rows (default: all) hold an item this user rated."""
+            row_keys = keys[rows]
+            ukeys = np.full(len(row_keys), ukey, dtype=np.uint64)
+            return self.pairs_seen.contains_many(pair_keys(ukeys, row_keys))
+
+        index = self.index
+        if index is not None and len(index) == len(ids):
+            rows, scores = index.search(p[0], k, exclude=seen_rows)
+            if len(rows) == k:
+                return [(ids[n], float(s + offset)) for n, s in zip(rows, scores)], "model-index"
+        scores = snap.vectors @ p[0].astype(np.float32) + snap.biases + offset
+        ranked = scores if snap.popular is None else ServedRanking.served(scores, snap.popular, snap.share)
+        top = _top_unseen(ranked, k, seen_rows)
+        top = top[np.isfinite(ranked[top])]
+        return list(zip([ids[n] for n in top.tolist()], ranked[top].tolist())), "model"
+
+    def popular(self, k: int) -> list[tuple[object, float]]:
+        """The k most rated items with their estimated counts, re-ranked when the model has
+        learned since and at most every ``refresh_s`` (as the item snapshot), not per request."""
+        cached = self._popular
+        if cached is None or (cached[1] != self.model.n_learned
+                              and time.monotonic() - cached[0] >= self.refresh_s):
+            ranked = [(item, float(count)) for item, count in self.popularity.most_common()]
+            if not ranked:
+                return []   # nothing ranked yet: asked again next time
+            cached = self._popular = (time.monotonic(), self.model.n_learned, ranked)
+        return cached[2][:k]
+
+    def item_snapshot(self, wait: bool = True) -> ItemSnapshot:
+        """The current item snapshot, rebuilt first if it is stale (see module docstring). Only one
+        thread rebuilds; the others go on with the previous snapshot meanwhile. With ``wait``
+        False (the HTTP path) a stale snapshot is rebuilt by a thread of its own and the caller
+        goes on with the current one: the event loop never waits for a rebuild (a retrieval
+        index over a large catalogue takes tens of milliseconds to refresh)."""
+        snap = self._snapshot
+        if snap is not None:
+            changed = snap.learned != self.model.n_learned or len(snap.ids) != len(self.catalogue)
+            due = time.monotonic() - snap.built >= max(self.refresh_s, 10 * snap.cost)
+            if not (changed and due):
+                return snap
+        if self._snapshot_lock.acquire(blocking=snap is None):
+            if not (wait or snap is None):
+                threading.Thread(target=self._rebuild, daemon=True, name="item-snapshot").start()
+                return snap
+            self._rebuild()
+        return self._snapshot
+
+    def _rebuild(self) -> None:
+        """Read the catalogue's factors out of the model (the caller holds ``_snapshot_lock``)."""
+        try:
+            t0 = time.monotonic()
+            learned = self.model.n_learned
+            ids, keys = self.catalogue.snapshot()
+            vectors, biases = self.model.factors(keys, ITEM)
+            vectors = vectors.astype(np.float32)
+            if len(ids) >= self.index_threshold:
+                if self.index is None:
+                    from sketchrec.stream.retrieval import RetrievalIndex
+                    self.index = RetrievalIndex(vectors.shape[1], bits=128,
+                                                shortlist=self.index_shortlist)
+                self.index.update(vectors, biases)
+            cost = time.monotonic() - t0   # the factor read's, which the cadence bounds
+            ranking, served = self.ranking, ()
+            if ranking is not None and _ranks_publicly(self.model):   # the served ranking's popularity: a few passes over the ids
+                counts = ranking.popularity(self.popularity.sketch.estimate_many(keys), learned)
+                served = (counts, ranking.mix.popularity_term(counts), float(ranking.mix.blend[0]))
+            self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned, time.monotonic(),
+                                          cost, *served)
+        finally:
+            self._snapshot_lock.release()
+
+    # state -----------------------------------------------------------------------------------------
+    def state_parts(self) -> dict[str, bytes]:
+        ids, _ = self.catalogue.snapshot()
+        return {"model": self.model.to_bytes(), "pairs_seen": self.pairs_seen.to_bytes(),
+                "users_seen": self.users_seen.to_bytes(),
+                "popularity": self.popularity.sketch.to_bytes(),
+                "serving": json.dumps({"catalogue": ids, "popular_capacity": self.popularity.capacity,
+                                       "popular": [i for i, _ in self.popularity.most_common()]}).encode()}
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, bytes], model_cls, refresh_s: float = 1.0,
+                   monitor=None) -> "Recommender":
+        """Back from ``state_parts``: built by ``__init__`` (its defaults for what is not saved:
+        the index settings), then the saved structures put in place of the empty ones (which are
+        built at the smallest size, since they are thrown away)."""
+        serving = json.loads(parts["serving"])
+        rec = cls(model_cls.from_bytes(parts["model"]), pair_capacity=1, user_capacity=1,
+                  refresh_s=refresh_s, monitor=monitor)
+        rec.pairs_seen = BloomFilter.from_bytes(parts["pairs_seen"])
+        rec.users_seen = BloomFilter.from_bytes(parts["users_seen"])
+        rec.popularity = HeavyHitters(serving["popular_capacity"],
+                                      CountMinSketch.from_bytes(parts["popularity"]))
+        rec.popularity.track(serving["popular"])
+        if serving["catalogue"]:
+            cat = np.array(serving["catalogue"], dtype=object)
+            rec.catalogue.add(cat, as_keys(cat))
+        return rec
+
+
+def _top_unseen(scores: np.ndarray, k: int, seen_rows) -> np.ndarray:
+    """Rows of the k best scores whose item the user has not rated, best first. The Bloom filter
+    is asked about a short-list of the best scores only (most users rated few of them), grown
+    until it holds k unseen items: every row left out scores no higher than those kept.
+
+    >>> scores = np.array([5.0, 1.0, 4.0, 3.0, 2.0])
+    >>> _top_unseen(scores, 2, lambda rows: np.isin(rows, [0, 3])).tolist()
+    [2, 4]
+    >>> _top_unseen(scores, 9, lambda rows: rows == 1).tolist()   # fewer than k unseen: all of them
+    [0, 2, 3, 4]
+    """
+    n = len(scores)
+    m = min(n, 2 * k + 16)
+    while True:
+        rows = np.argpartition(scores, n - m)[n - m:] if m < n else np.arange(n)
+        rows = rows[~seen_rows(rows)]
+        if len(rows) >= k or m == n:
+            break
+        m = min(n, 4 * m)
+    return rows[np.argsort(-scores[rows], kind="stable")[:k]]
+
+
+def user_key(user) -> int | None:
+    """Key of an id given over HTTP (always text): '5' and 5 are the same id."""
+    try:
+        return key_of(user)
+    except TypeError:
+        return None

@@ -1,0 +1,189 @@
+"""Serving from several processes (``stream.serving.workers``): reader processes answer from the
+model the learner keeps in shared memory, while it learns."""
+
+import json
+import math
+import multiprocessing
+import os
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from sketchrec.data import SyntheticStream, read_ratings
+from sketchrec.models import SketchMF
+from sketchrec.models.mix import Experts
+from sketchrec.privacy.access import KEY_ENV, UserTokens
+from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.service import LearningService
+from sketchrec.stream.serving.workers.block import PREFIX
+from sketchrec.stream.serving.workers.pool import WorkerPool
+
+TOKEN = "workers-admin"
+K = 10
+
+
+def _hammer(url: str, users: list, seconds: float) -> list:
+    """A client process: /recommend for these users, round robin, for ``seconds`` and at least 30
+    answers (readers on a cold numba cache compile their kernels first: up to a minute)."""
+    out = []
+    with httpx.Client(base_url=url, timeout=90) as client:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline or len(out) < 30:
+            user = users[len(out) % len(users)]
+            r = client.get("/recommend", params={"user": user, "k": K})
+            out.append((user, r.status_code, r.text))
+    return out
+
+
+def _segments() -> set:
+    """This process's shared-memory segments (the pools here publish in-process; other processes on
+    the machine — other test runs — have their own and must not count)."""
+    mine = f"{PREFIX}{os.getpid()}-"
+    return {name for name in os.listdir("/dev/shm") if name.startswith(mine)}
+
+
+@pytest.fixture(scope="module")
+def data(ml100k):
+    return read_ratings(ml100k)[0]
+
+
+def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
+    first, rest = data.take(slice(0, 50_000)), data.take(slice(50_000, None))
+    # the default model (mix: Hedge over a bias baseline and a sketch learner) is shared too
+    rec = Recommender(Experts(capacity=3000), pair_capacity=200_000, user_capacity=10_000)
+    rec.learn_many(first.users, first.items, first.ratings)
+    service = LearningService(rec, CheckpointStore(tmp_path))
+    before = _segments()
+    pool = WorkerPool(service, ("127.0.0.1", 0), 2, admin_token=TOKEN, access=False).start()
+    mine = _segments() - before
+    seen: dict = {}
+    for u, i in zip(first.users.tolist(), first.items.tolist()):
+        seen.setdefault(str(u), set()).add(str(i))
+    users = sorted(seen)[:200]
+    stop = threading.Event()
+
+    def learn():   # the second half, over and over (slowly enough to leave the clients a core)
+        while not stop.is_set():
+            for batch in rest.batches(2000):
+                if stop.is_set():
+                    break
+                rec.learn_many(batch.users, batch.items, batch.ratings)
+                time.sleep(0.002)
+
+    learner = threading.Thread(target=learn)
+    try:
+        base = httpx.get(f"{pool.url}/stats").json()["ratings_learned"]
+        probe = httpx.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"]
+        learner.start()
+        with multiprocessing.get_context("spawn").Pool(3) as clients:
+            answers = sum(clients.starmap(_hammer, [(pool.url, users[n::3], 3.0) for n in range(3)]), [])
+        assert len(answers) > 50
+        for user, status, text in answers:
+            assert status == 200, text
+            body = json.loads(text)
+            assert len(body["items"]) == K and body["source"] == "model"
+            assert all(math.isfinite(x["score"]) for x in body["items"])
+            assert not {str(x["item"]) for x in body["items"]} & seen[user], "a rated item was recommended"
+        # the readers see learning progress: the counters live in the shared block, the cells too
+        stats = httpx.get(f"{pool.url}/stats").json()
+        assert stats["ratings_learned"] > base and stats["worker_pid"] in pool.pids()
+        assert httpx.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"] != probe
+        # a new item reaches every reader's catalogue within the publication interval (+ slack)
+        stop.set()
+        learner.join()
+        # learning stopped: every reader answers the learner's own predictions (same cells, same weights)
+        pairs = [(str(u), str(i)) for u, i in zip(rest.users[:30].tolist(), rest.items[-30:].tolist())]
+        expected = rec.predict_many(*(np.array(c, dtype=object) for c in zip(*pairs)))
+        with httpx.Client(base_url=pool.url) as client:
+            served = [client.get("/predict", params={"user": u, "item": i}).json()["rating"]
+                      for u, i in pairs]
+        assert served == pytest.approx(expected.tolist(), abs=1e-6)
+        # ... and ranks /recommend by the learner's served ranking (its popularity term, published
+        # every POPULAR_S), not by the model alone: the same items, the same blended scores
+        assert rec.item_snapshot().popular is not None, "the learner has no served ranking to share"
+        deadline = time.monotonic() + 5
+        while True:   # the learner's snapshot settles (rebuilt at most every refresh_s), then the readers'
+            wanted = {u: rec.recommend(u, K)[0] for u in users[:10]}
+            got = {u: [(x["item"], x["score"]) for x in httpx.get(
+                f"{pool.url}/recommend", params={"user": u, "k": K}).json()["items"]] for u in wanted}
+            same = all([str(i) for i, _ in got[u]] == [str(i) for i, _ in wanted[u]]
+                       and [s for _, s in got[u]] == pytest.approx([s for _, s in wanted[u]], abs=1e-6)
+                       for u in wanted)
+            if same:
+                break
+            assert time.monotonic() < deadline, f"readers do not serve the learner's ranking: {got['1'][:3]} {wanted['1'][:3]}"
+            time.sleep(0.1)
+        rec.learn_many(np.array(["1"], dtype=object), np.array(["brand-new"], dtype=object), np.array([5.0]))
+        t0 = time.monotonic()
+        while httpx.get(f"{pool.url}/stats").json()["catalogue_items"] != len(rec.catalogue):
+            assert time.monotonic() - t0 < 2.0, "the catalogue was not published"
+        # admin verbs sent to any worker act on the learner
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert httpx.post(f"{pool.url}/pause", headers=auth).json() == {"paused": True}
+        assert not rec.learning.is_set()
+        assert httpx.post(f"{pool.url}/resume", headers=auth).json() == {"paused": False}
+        assert rec.learning.is_set()
+        assert httpx.post(f"{pool.url}/checkpoint", headers=auth).json()["ratings_learned"] == rec.model.n_learned
+        assert httpx.post(f"{pool.url}/pause").status_code == 401
+    finally:
+        stop.set()
+        readers = pool.pids()
+        pool.stop()
+    assert mine and not mine & _segments(), "a shared-memory segment was left behind"
+    for pid in readers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_read_replica_moves_to_a_newer_checkpoint(tmp_path):
+    data = SyntheticStream(n_ratings=8000, n_users=300, n_items=200, seed=0).all()
+    rec = Recommender(SketchMF(capacity=500, dim=16), pair_capacity=50_000)
+    rec.learn_many(data.users[:5000], data.items[:5000], data.ratings[:5000])
+    writer = LearningService(rec, CheckpointStore(tmp_path))
+    writer.checkpoint()
+    replica = LearningService.from_checkpoint(tmp_path)
+    before = _segments()
+    pool = WorkerPool(replica, ("127.0.0.1", 0), 1, access=True, reload_every=0.1).start()   # one reader: lean
+    token = {"token": UserTokens(bytes.fromhex(pool.env[KEY_ENV])).mint("3")}   # the learner's key
+    try:
+        assert httpx.get(f"{pool.url}/stats").json()["ratings_learned"] == 5000
+        assert httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4"}).status_code == 401
+        rec.learn_many(data.users[5000:], data.items[5000:], data.ratings[5000:])
+        writer.checkpoint()
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{pool.url}/stats").json()["ratings_learned"] != 8000:
+            assert time.monotonic() < deadline, "the newer checkpoint was not served"
+            time.sleep(0.05)
+        served = httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4", **token}).json()["rating"]
+        assert served == pytest.approx(rec.predict("3", "4"))
+    finally:
+        pool.stop()
+    assert not (_segments() - before)
+
+
+
+def test_a_catalogue_beyond_the_block_is_mirrored_as_a_prefix_and_said_once(caplog):
+    """Readers can only rank the items the block's catalogue buffers hold: past them the
+    learner keeps learning every item, the readers keep the prefix, and the log says so once."""
+    from sketchrec.stream.serving.workers.block import SharedBlock
+    from sketchrec.stream.serving.workers.pool import Publisher
+    rec = Recommender(SketchMF(dim=4, capacity=200), pair_capacity=1000, user_capacity=100)
+    service = LearningService(rec)
+    block = SharedBlock.create(rec, catalogue_capacity=8)
+    try:
+        publisher = Publisher(service)
+        rec.learn_many(["u"] * 5, [f"i{n}" for n in range(5)], [4.0] * 5)
+        with caplog.at_level("WARNING"):
+            assert publisher.document(block)["catalogue"][0] == 5   # it fits: no warning
+            assert "catalogue_truncated" not in caplog.text
+            for round_ in range(2):   # grown past the buffers, twice: said once
+                rec.learn_many(["u"] * 5, [f"j{round_}-{n}" for n in range(5)], [4.0] * 5)
+                assert publisher.document(block)["catalogue"][0] == 8
+        assert caplog.text.count("catalogue_truncated") == 1
+        assert len(rec.catalogue) == 15
+    finally:
+        block.unlink()   # (the model's arrays live in it: unlinked, not closed, as WorkerPool.stop)

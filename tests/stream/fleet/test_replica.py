@@ -1,0 +1,241 @@
+"""Replicas of one recommender exchanging deltas (stream.serving.replica, models.fleet_slots):
+members that learn disjoint parts of a stream and apply each other's deltas, in any order, end
+with the same model (heavy slots included), counts and serving structures."""
+
+import numpy as np
+import pytest
+
+from sketchrec.data import read_ratings
+from sketchrec.models import SketchMF
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.fleet.tracker import DeltaTracker, decode
+
+N_RATINGS, MEMBERS, SYNC = 30_000, 3, 3_000
+
+
+@pytest.fixture(scope="module")
+def stream(ml100k):
+    ratings, _ = read_ratings(ml100k)
+    return ratings.users[:N_RATINGS], ratings.items[:N_RATINGS], ratings.ratings[:N_RATINGS]
+
+
+def recommender(**kw) -> Recommender:
+    # ML-100k's 2,625 ids; the default heavy fraction (0.7): most ids end in exact slots
+    return Recommender(SketchMF(capacity=2625, seed=0, **kw), pair_capacity=100_000,
+                       user_capacity=5_000, popular=50)
+
+
+@pytest.fixture(scope="module")
+def fleet(stream):
+    """Three members on disjoint users (as Kafka partitions keyed by user), a serving replica,
+    and one learner on the whole stream. Every SYNC ratings each member learns its share, applies
+    the deltas of the round before in its own random order (on top of what it has not yet
+    published), then takes its own; a last round applies the last deltas."""
+    users, items, ratings = stream
+    members = [recommender() for _ in range(MEMBERS)]
+    serving, single = recommender(), recommender()
+    trackers = [DeltaTracker(m, member=f"m{k}") for k, m in enumerate(members)]
+    reader = DeltaTracker(serving, member="serving")
+    rng = np.random.default_rng(5)
+    part = users.astype(np.int64) % MEMBERS
+    predictions = np.empty(len(ratings))
+    blobs = []
+    for start in [*range(0, len(ratings), SYNC), None]:
+        for k, tracker in enumerate(trackers + [reader]):
+            if start is not None and k < MEMBERS:
+                rows = np.flatnonzero(part[start:start + SYNC] == k) + start
+                predictions[rows] = members[k].learn_many(users[rows], items[rows], ratings[rows])
+            for n in rng.permutation(len(blobs)):
+                if blobs[n][0] != k:
+                    tracker.apply(blobs[n][1])
+        blobs = [(k, t.take()) for k, t in enumerate(trackers)] if start is not None else []
+    for tracker in trackers + [reader]:
+        tracker.settle()   # the popular list, re-ranked at most every RERANK_S by take/apply
+    single_predictions = single.learn_many(users, items, ratings)
+    return members + [serving], trackers + [reader], predictions, single, single_predictions
+
+
+def test_replicas_agree_after_applying_the_same_deltas_in_different_orders(fleet, stream):
+    replicas, trackers, _, _, _ = fleet
+    users, items, _ = stream
+    rng = np.random.default_rng(1)
+    qu, qi = rng.choice(users, 1000), rng.choice(items, 1000)
+    predictions = np.array([r.predict_many(qu, qi) for r in replicas])
+    np.testing.assert_allclose(predictions, np.broadcast_to(predictions[0], predictions.shape),
+                               rtol=0, atol=1e-6)
+    for r in replicas:  # counts add up exactly, learners and the serving replica alike
+        assert r.model.n_learned == N_RATINGS
+        assert r.model.stats[0] == N_RATINGS
+        assert r.model.global_mean == pytest.approx(float(np.mean(stream[2])), abs=1e-12)
+    held = [{(k, f) for k, f in zip(r.model.heavy.keys.tolist(), r.model.heavy.families.tolist())
+             if f < 2} for r in replicas]  # family 2: a free slot (models.fleet_slots.FREE)
+    assert all(h == held[0] for h in held) and len(held[0]) > 500  # the heavy slots are used
+
+
+def test_serving_structures_merge_exactly(fleet):
+    replicas, _, _, _, _ = fleet
+    first = replicas[0]
+    for r in replicas[1:]:
+        assert np.array_equal(r.pairs_seen.cells, first.pairs_seen.cells)
+        assert np.array_equal(r.users_seen.cells, first.users_seen.cells)
+        assert np.array_equal(r.popularity.sketch.cells, first.popularity.sketch.cells)
+        assert r.popularity.sketch.total == N_RATINGS
+        assert set(r.catalogue.snapshot()[0]) == set(first.catalogue.snapshot()[0])
+        assert r.popularity.most_common(20) == first.popularity.most_common(20)
+
+
+def test_a_fleet_learns_about_as_well_as_one_learner(fleet, stream):
+    _, _, predictions, _, single_predictions = fleet
+    ratings = stream[2]
+    fleet_rmse = np.sqrt(np.mean((predictions - ratings) ** 2))
+    single_rmse = np.sqrt(np.mean((single_predictions - ratings) ** 2))
+    assert fleet_rmse < 1.03 * single_rmse
+
+
+def test_applied_deltas_are_not_published_again_and_not_applied_twice(stream):
+    users, items, ratings = stream
+    a, b = recommender(), recommender()
+    ta, tb = DeltaTracker(a), DeltaTracker(b)
+    assert ta.take() is None  # nothing learned
+    a.learn_many(users[:50], items[:50], ratings[:50])
+    blob = ta.take()
+    header = tb.apply(blob)
+    assert header["member"] == ta.member and header["seq"] == 1
+    assert tb.take() is None and b.model.n_learned == 50
+    with pytest.raises(ValueError, match="already applied"):
+        tb.apply(blob)
+    with pytest.raises(ValueError, match="own"):
+        ta.apply(blob)
+    assert b.model.n_learned == 50
+
+
+def test_a_small_delta_is_sparse_compressed_and_round_trips(stream):
+    users, items, ratings = stream
+    a, b = recommender(), recommender()
+    ta, tb = DeltaTracker(a), DeltaTracker(b)
+    a.learn_many(users[:2000], items[:2000], ratings[:2000])
+    tb.apply(ta.take())  # announces the ids seen 8 times: they now hold heavy slots
+    a.learn_many(users[2000:2010], items[2000:2010], ratings[2000:2010])
+    blob = ta.take(meta={"offsets": {"0": 10}})
+    dense = a.model.nbytes + a.pairs_seen.nbytes + a.users_seen.nbytes + a.popularity.sketch.nbytes
+    assert len(blob) < dense / 20
+    header, arrays = decode(blob)
+    assert header["meta"] == {"offsets": {"0": 10}} and header["seq"] == 2
+    assert "cells.d" not in arrays and "slot_rows" in arrays  # sparse cells; per-id slot rows
+    assert tb.apply(blob)["meta"] == {"offsets": {"0": 10}}
+    # takes and applies leave held slots' rows lagging their cells until a refresh: settled
+    # replicas agree
+    ta.settle()
+    tb.settle()
+    np.testing.assert_allclose(b.predict_many(users[:200], items[:200]),
+                               a.predict_many(users[:200], items[:200]), rtol=0, atol=1e-6)
+    assert ta.state_digest() != DeltaTracker(recommender()).state_digest()
+
+
+@pytest.mark.parametrize("damage", ["junk", "magic", "version", "truncated", "flipped", "config"])
+def test_a_bad_blob_is_one_clear_error_and_changes_nothing(stream, damage):
+    users, items, ratings = stream
+    a, b = recommender(), recommender()
+    ta, tb = DeltaTracker(a), DeltaTracker(b)
+    a.learn_many(users[:20], items[:20], ratings[:20])
+    blob = ta.take()
+    bad = {"junk": b"junk", "magic": b"XXXX" + blob[4:], "version": blob[:4] + b"\x09" + blob[5:],
+           "truncated": blob[:len(blob) // 2],
+           "flipped": blob[:40] + bytes(x ^ 0xFF for x in blob[40:60]) + blob[60:]}.get(damage)
+    if damage == "config":
+        tb = DeltaTracker(recommender(dim=32))
+        bad = blob
+    before = tb.state_digest()
+    with pytest.raises(ValueError) as err:
+        tb.apply(bad)
+    assert "\n" not in str(err.value) and "delta" in str(err.value)
+    assert tb.state_digest() == before
+
+
+def test_a_model_topic_written_before_version_2_is_still_read(stream):
+    """Version 1 packed the whole body (floats too): a replica rebuilt from an older model topic
+    applies those deltas as it applies today's, to the same state."""
+    import struct
+    import zlib
+
+    import zstandard
+
+    from sketchrec.sketches import serial
+    users, items, ratings = stream
+    a, b, c = recommender(), recommender(), recommender()
+    ta, tb, tc = DeltaTracker(a), DeltaTracker(b), DeltaTracker(c)
+    for start in (0, 2000):   # the second delta moves held slots too
+        a.learn_many(users[start:start + 2000], items[start:start + 2000], ratings[start:start + 2000])
+        blob = ta.take()
+        header, arrays = decode(blob)
+        body = serial.pack("ModelDelta", header, arrays)
+        old = b"SKRD" + struct.pack("<BBI", 1, 1, zlib.crc32(body)) + zstandard.ZstdCompressor().compress(body)
+        tb.apply(blob)
+        tc.apply(old)
+    assert tb.state_digest() == tc.state_digest()
+    with pytest.raises(ValueError, match="corrupt"):
+        tc.apply(old[:-30])   # a damaged old one is refused as a new one is
+
+
+def test_half_precision_deltas_are_smaller_and_lose_nothing_after_a_flush(stream):
+    users, items, ratings = stream
+    replicas = {p: (recommender(), recommender()) for p in ("float32", "float16")}
+    sizes = {}
+    for precision, (a, b) in replicas.items():
+        ta, tb = DeltaTracker(a, precision=precision), DeltaTracker(b, precision=precision)
+        for start in (0, 2000):  # the second round updates ids that now hold heavy slots
+            a.learn_many(users[start:start + 2000], items[start:start + 2000],
+                         ratings[start:start + 2000])
+            blob = ta.take()
+            sizes[precision] = len(blob)
+            tb.apply(blob)
+        flush = ta.take()  # the rounding the float16 deltas left behind
+        assert (flush is None) == (precision == "float32")
+        if flush is not None:
+            tb.apply(flush)
+        ta.settle()  # held slots' rows refreshed (takes and applies leave them lagging)
+        tb.settle()
+        np.testing.assert_allclose(b.predict_many(users[:1000], items[:1000]),
+                                   a.predict_many(users[:1000], items[:1000]), rtol=0, atol=1e-6)
+    assert sizes["float16"] < 0.75 * sizes["float32"]
+
+
+def test_a_bitmap_that_does_not_match_its_values_is_refused():
+    from sketchrec.stream.fleet.deltas import encode_entries, entries_of
+    like = np.zeros(100, np.float32)
+    good = encode_entries("x", np.arange(0, 100, 3), np.ones(34, np.float32), 100)
+    assert "x.b" in good and entries_of(good, "x", like)[0].tolist() == list(range(0, 100, 3))
+    for bad in ({**good, "x.v": good["x.v"][1:]}, {**good, "x.b": good["x.b"] | np.uint8(0x80)}):
+        with pytest.raises(ValueError, match="bitmap"):
+            entries_of(bad, "x", like)
+
+
+def test_an_apply_refreshes_at_once_the_held_slots_whose_residuals_it_moved(stream, monkeypatch):
+    """A fleet replica (deferred) refreshes every held slot only every FULL_REFRESH_EVERY takes
+    and applies; the slots an apply moved the residuals of are refreshed by the apply itself, so
+    the other members' learning on held ids is learned from at once. A replica whose apply left
+    them out would serve and learn from rows a full refresh still changes."""
+    from sketchrec.stream.fleet.slots import FleetSlots
+    from sketchrec.stream.fleet import tracker as replica
+    monkeypatch.setattr(replica, "RERANK_S", 1e9)   # no settle (a full refresh) on a slow machine
+
+    def routed_rows_are_fresh() -> bool:
+        users, items, ratings = stream
+        a, b = recommender(), recommender()
+        ta, tb = DeltaTracker(a), DeltaTracker(b)
+        for start in (0, 2000):   # the first round announces heavy ids, the second learns on them
+            a.learn_many(users[start:start + 2000], items[start:start + 2000], ratings[start:start + 2000])
+            arrays = decode(blob := ta.take())[1]
+            tb.apply(blob)
+        slots = tb._model.slots
+        routed = slots.locate(arrays["slot_keys"], arrays["slot_families"])
+        routed = routed[routed >= 0]
+        before = b.model.heavy.cells[routed].copy()
+        assert len(routed) > 50 and tb._model.stale   # held ids moved; the rest not yet refreshed
+        slots.refresh()                                # what a full refresh makes of them
+        return np.array_equal(before, b.model.heavy.cells[routed])
+
+    assert routed_rows_are_fresh()
+    route = FleetSlots.route   # an apply told that no held slot moved refreshes none of them
+    monkeypatch.setattr(FleetSlots, "route", lambda self, *a: (route(self, *a), np.empty(0, np.int64))[1])
+    assert not routed_rows_are_fresh()

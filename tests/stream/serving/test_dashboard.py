@@ -1,0 +1,181 @@
+"""The live dashboard at /: its files are served from the package with nothing from a CDN, and a
+real headless Chromium shows the figures of a learning service as /stats and /privacy give them.
+
+The browser test needs Chromium (Debian package `chromium`; .ci/run installs it) and Playwright;
+it skips, saying which, only when one of them cannot be found. It saves a screenshot to the
+path in $SKETCHREC_DASHBOARD_PNG when set (docs/figures/dashboard.png was made that way)."""
+
+import os
+import re
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+
+from sketchrec.data import SyntheticStream
+from sketchrec.models import SketchMF
+from sketchrec.models.private.dp_sgd import DPConfig
+from sketchrec.privacy.monitor import PrivacyMonitor
+from sketchrec.stream.serving.dashboard import ASSETS
+from sketchrec.stream.serving.http import create_app
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.serving.server import ServerThread
+from sketchrec.stream.service import LearningService
+
+ADMIN = "operator-token"
+BUDGET = 8.0      # epsilon; at noise multiplier 3 five passes fit and the sixth is refused
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def private_service():
+    model = SketchMF(dim=8, capacity=500, seed=0, dp=DPConfig(noise_multiplier=3.0, batch_size=250))
+    monitor = PrivacyMonitor(window=1000, reservoir=500, probe_every=500, alert_kld=0.05, seed=0)
+    return LearningService(Recommender(model, pair_capacity=50_000, seed=0, monitor=monitor))
+
+
+def learn(service, stop, passes=7, pause=0.15):
+    """A stream replayed pass after pass, each accounted before it is learned, as `consume` does;
+    it ends when the budget refuses a pass."""
+    data = SyntheticStream(n_ratings=3000, n_users=200, n_items=150, seed=1).all()
+    for _ in range(passes):
+        if not service.begin_private_pass("rating", 1e-5, BUDGET):
+            service.record_skipped({"privacy budget spent": len(data)})
+            return
+        for batch in data.batches(500):
+            if stop.is_set():
+                return
+            predictions = service.recommender.learn_many(batch.users, batch.items, batch.ratings)
+            service.errors.add(predictions, batch.ratings)
+            time.sleep(pause)
+        service.record_skipped({"missing fields": 2})
+
+
+@pytest.fixture(scope="module")
+def served():
+    service, stop = private_service(), threading.Event()
+    app = create_app(service, ADMIN)   # a DP service: access control and the release line are on
+    server = ServerThread(app, "127.0.0.1", 0).start()
+    learner = threading.Thread(target=learn, args=(service, stop), daemon=True)  # started by the test
+    yield f"http://127.0.0.1:{server.port}", service, learner
+    stop.set()
+    if learner.ident is not None:
+        learner.join(timeout=10)
+    server.stop()
+
+
+def test_page_and_assets_come_from_the_package_without_a_cdn(served):
+    base, _, _ = served
+    with httpx.Client(base_url=base, timeout=10) as client:
+        page = client.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        linked = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assert sorted(linked) == sorted(f"dashboard/{name}" for name in ASSETS)
+        for name in ASSETS:
+            r = client.get(f"/dashboard/{name}")
+            assert r.status_code == 200 and len(r.content) > 500
+            assert "://" not in r.text or name.startswith("uPlot")   # no remote fetch of our own
+        assert client.get("/dashboard/../http.py").status_code == 404
+        assert client.get("/dashboard/http.py").status_code == 404
+        assert "/" not in client.get("/openapi.json").json()["paths"]   # a view, not an API
+
+
+def find_browser() -> str | None:
+    named = os.environ.get("SKETCHREC_CHROMIUM")
+    if named and os.path.exists(named):
+        return named
+    return next(filter(None, map(shutil.which, BROWSERS)), None)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = find_browser()
+    if executable is None:
+        pytest.skip("no Chromium found (install the Debian package `chromium`, as .ci/run does, or set "
+                    "$SKETCHREC_CHROMIUM)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
+                                   "(pip install -e '.[test]')")
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=executable, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu"])  # CI runs as root
+        yield chromium
+        chromium.close()
+
+
+def card(page, name: str) -> str:
+    return page.get_attribute(f"#v-{name}", "data-value")
+
+
+def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser, tmp_path):
+    base, service, learner = served
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(base + "/#token=" + ADMIN)   # the operator: exact figures come from /admin/privacy
+    page.wait_for_function("window.dashboard.polls >= 1", timeout=10_000)
+    assert "token" not in page.url      # taken out of the address bar
+    learner.start()  # once the page watches: a slow machine then still sees it learn
+    # the charts fill while the service learns: several points of RMSE, KLD, epsilon and rate
+    page.wait_for_function("""() => {
+        const c = window.dashboard && window.dashboard.charts, some = (id, k) =>
+            c && c[id] && c[id].data[k].filter(x => x !== null && x > 0).length >= 2;
+        return some("c-rmse", 1) && some("c-kld", 2) && some("c-eps", 1) && some("c-rate", 1)
+            && some("c-mem", 1) && some("c-eps", 2) && some("c-kld", 3); }""", timeout=30_000)
+    learner.join(timeout=60)
+    assert not learner.is_alive() and service.budget_stopped     # learning ended: figures now still
+    polls = page.evaluate("window.dashboard.polls")
+    page.wait_for_function(f"window.dashboard.polls >= {polls + 2}", timeout=10_000)
+    with httpx.Client(base_url=base, timeout=10, headers={"Authorization": f"Bearer {ADMIN}"}) as client:
+        admin = client.get("/admin/privacy").json()
+        stats, privacy = admin["stats"], client.get("/privacy").json() | admin["monitor"]
+    assert int(card(page, "learned")) == stats["ratings_learned"] > 0
+    assert float(card(page, "rmse")) == stats["prequential_rmse"]
+    assert float(card(page, "kld")) == privacy["kld"]
+    assert float(card(page, "kldc")) == privacy["kld_cumulative"]
+    assert float(card(page, "eps")) == privacy["epsilon"] <= BUDGET
+    assert page.inner_text("#v-eps") == f"{round(privacy['epsilon'], 3):g} / 8"
+    assert int(card(page, "mem")) == stats["model_bytes"]
+    assert int(card(page, "skipped")) == sum(stats["skipped"].values()) > 0
+    assert "privacy budget spent" in page.inner_text("#v-reasons")
+    assert float(card(page, "rate")) == 0.0                       # nothing learned since the last poll
+    assert "dp-sgd" in page.inner_text("#v-mode") and "budget spent" in page.inner_text("#v-mode")
+    assert page.locator("#c-skipped .u-legend").inner_text().count("missing fields") == 1
+    assert page.locator("canvas").count() == 6                    # every chart drew
+    # the "try it" box shows what /recommend answers
+    page.fill("#try-user", "7")
+    page.fill("#try-k", "5")
+    page.click("#try button")
+    page.wait_for_selector("#try-out tr:nth-child(6)")
+    expected = httpx.get(base + "/recommend", params={"user": "7", "k": 5},
+                         headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    shown = page.locator("#try-out td:nth-child(2)").all_inner_texts()
+    assert shown == [str(x["item"]) for x in expected["items"]]
+    assert errors == []
+    page.screenshot(path=os.environ.get("SKETCHREC_DASHBOARD_PNG") or tmp_path / "dashboard.png",
+                    full_page=True)
+    page.close()
+
+
+def test_without_the_operator_token_a_dp_service_shows_only_its_release(served, browser):
+    base, service, _ = served
+    page = browser.new_page()
+    page.goto(base + "/")
+    page.wait_for_function("window.dashboard.polls >= 2", timeout=10_000)
+    assert card(page, "eps") != ""                 # the guarantee is public
+    for name in ("learned", "rmse", "kld", "kldc"):  # exact figures are operator state here
+        assert card(page, name) == ""
+    page.close()
+
+
+def test_missing_privacy_figures_show_as_na(served, browser):
+    base, service, _ = served
+    page = browser.new_page()
+    page.route("**/privacy", lambda route: route.fulfill(status=401, body='{"detail": "token"}'))
+    page.goto(base + "/")
+    page.wait_for_function("window.dashboard.polls >= 2", timeout=10_000)
+    for name in ("kld", "kldc", "eps"):
+        assert card(page, name) == ""
+    assert page.inner_text("#v-kld") == "n/a" and page.inner_text("#v-eps") == "n/a / n/a"
+    assert int(card(page, "mem")) == service.recommender.model.nbytes   # /stats still drawn
+    page.close()
