@@ -21,14 +21,39 @@ KEY_DTYPE = np.uint64
 _MASK64 = (1 << 64) - 1
 
 
+# str(int) refuses ints over sys.get_int_max_str_digits() digits (a guard against quadratic
+# conversion of untrusted input); ids are hashed, not parsed, so a huge int is converted in chunks of
+# this many digits instead (quadratic only in the number of chunks, bounded by the message size).
+_CHUNK_DIGITS = 1000
+_CHUNK = 10**_CHUNK_DIGITS
+
+
+def _decimal(value: int) -> str:
+    """Decimal text of an int of any size (the text str() gives whenever str() accepts it)."""
+    if -_CHUNK < value < _CHUNK:
+        return str(value)
+    sign, value = ("-", -value) if value < 0 else ("", value)
+    parts = []
+    while value >= _CHUNK:
+        value, low = divmod(value, _CHUNK)
+        parts.append(str(low).zfill(_CHUNK_DIGITS))
+    parts.append(str(value))
+    return sign + "".join(reversed(parts))
+
+
 def id_bytes(item_id: Hashable) -> bytes:
-    """Canonical byte form of an id: ints (and numpy ints) as decimal text, strings as UTF-8."""
+    """Canonical byte form of an id: ints (and numpy ints) as decimal text, strings as UTF-8.
+
+    Every Python str is an id: lone surrogates (which strict UTF-8 refuses) are encoded with
+    'surrogatepass', so any text a decoder let through hashes instead of raising; a str without
+    surrogates gives exactly its UTF-8 bytes, so no key that existed before changes.
+    """
     if isinstance(item_id, (bool, np.bool_)):
         raise TypeError("booleans are not ids")
     if isinstance(item_id, (int, np.integer)):
-        return str(int(item_id)).encode()
+        return _decimal(int(item_id)).encode()
     if isinstance(item_id, str):
-        return item_id.encode("utf-8")
+        return item_id.encode("utf-8", "surrogatepass")
     if isinstance(item_id, bytes):
         return item_id
     raise TypeError(f"ids must be int or str, not {type(item_id).__name__}")
