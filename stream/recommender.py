@@ -1,6 +1,9 @@
 """The serving state around a learner: what the live endpoint needs beyond the model.
 
-- the item catalogue seen so far (ids and their keys only; vectors stay in the sketch),
+- the item catalogue seen so far (ids and their keys only; vectors stay in the sketch), at most
+  ``max_items`` of them, the most rated kept (``stream.catalogue``): every per-item structure
+  below is sized by it, and every per-user one (the Bloom filters) by its capacity, so the
+  serving side's memory is fixed by configuration, not by the stream (``memory()``, in /stats),
 - a Bloom filter over (user, item) pairs, so recommendations never include an item the user
   rated (a false positive may hide an unseen item, never show a seen one),
 - a Bloom filter over users (unknown users get the most popular items),
@@ -29,81 +32,21 @@ a consistent snapshot (arrays are only ever appended to or replaced, never shrun
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from sketchrec.models.base import ITEM, USER
 from sketchrec.models.wrapped import Wrapped
 from sketchrec.privacy.audit import real_rows
+from sketchrec.stream.catalogue import Catalogue, ItemSnapshot, default_max_items
 from sketchrec.stream.served_ranking import RELEVANT, ServedRanking
 from sketchrec.sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
 from sketchrec.sketches.hashing import as_keys, key_of
 
-
-
-class Catalogue:
-    """Item ids seen so far, in first-seen order, with their keys in a growable buffer.
-
-    >>> cat = Catalogue()
-    >>> cat.add(np.array([7, 5, 7]), np.array([70, 50, 70], dtype=np.uint64))
-    >>> cat.add(np.array([5, 9]), np.array([50, 90], dtype=np.uint64))
-    >>> cat.snapshot()[0], cat.snapshot()[1].tolist()
-    ([7, 5, 9], [70, 50, 90])
-    """
-
-    def __init__(self):
-        self.ids: list = []
-        self._keys = np.empty(1024, dtype=np.uint64)
-        self._known = np.empty(0, dtype=np.uint64)   # the keys, sorted: a batch is checked in C
-        self._lock = threading.Lock()
-
-    def add(self, ids, keys: np.ndarray) -> None:
-        uniq, first = np.unique(keys, return_index=True)
-        with self._lock:
-            known = self._known
-            if len(known):
-                at = np.minimum(np.searchsorted(known, uniq), len(known) - 1)
-                fresh = known[at] != uniq
-                if not fresh.any():
-                    return   # the usual batch once the catalogue is complete
-                uniq, first = uniq[fresh], first[fresh]
-            new = np.sort(first)
-            n0, n1 = len(self.ids), len(self.ids) + len(new)
-            if n1 > len(self._keys):
-                grown = np.empty(max(n1, 2 * len(self._keys)), dtype=np.uint64)
-                grown[:n0] = self._keys[:n0]
-                self._keys = grown  # readers holding the old buffer still see a valid prefix
-            self._keys[n0:n1] = keys[new]
-            # uniq is sorted and disjoint from known: insert in place of re-sorting the union
-            self._known = np.insert(known, np.searchsorted(known, uniq), uniq)
-            self.ids.extend(ids[n].item() if hasattr(ids[n], "item") else ids[n] for n in new)
-
-    def snapshot(self) -> tuple[list, np.ndarray]:
-        with self._lock:
-            n = len(self.ids)
-            return self.ids[:n], self._keys[:n]
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-@dataclass
-class ItemSnapshot:
-    """Factors of the catalogue's items read out of the model at one moment, for fast scoring."""
-
-    ids: list
-    keys: np.ndarray
-    vectors: np.ndarray   # float32 (n, d)
-    biases: np.ndarray    # float64 (n,)
-    learned: int          # model.n_learned when read
-    built: float          # time.monotonic() when read
-    cost: float           # seconds the read took
-    counts: np.ndarray | None = None    # popularity signals per item (stream.serving.ranking)
-    popular: np.ndarray | None = None   # the served ranking's popularity term per item
-    share: float = 1.0                  # the served ranking's weight on the standardised model score
+__all__ = ["Catalogue", "ItemSnapshot", "Recommender", "user_key"]   # Catalogue: stream.catalogue
 
 
 def _learner_hook(name: str, doc: str) -> property:
@@ -125,7 +68,7 @@ class Recommender:
     def __init__(self, model, pair_capacity: int = 5_000_000, user_capacity: int = 1_000_000,
                  fp_rate: float = 0.01, popular: int = 1000, seed: int = 0, refresh_s: float = 1.0,
                  monitor=None, index_threshold: int = 20_000, index_shortlist: float = 0.1,
-                 served_ranking: bool = True):
+                 served_ranking: bool = True, max_items: int | None = None):
         self.model = model
         # not a base class: a Recommender does not pass unknown attributes on to the model
         self.learner = Wrapped(model, monitor)
@@ -133,7 +76,9 @@ class Recommender:
         self.pairs_seen = BloomFilter(pair_capacity, fp_rate, seed=seed)
         self.users_seen = BloomFilter(user_capacity, fp_rate, seed=seed + 1)
         self.popularity = HeavyHitters(popular, CountMinSketch(epsilon=1e-4, delta=1e-3, seed=seed))
-        self.catalogue = Catalogue()
+        # at most max_items items (default: what the model is sized for), the most rated kept
+        self.catalogue = Catalogue(max_items or default_max_items(model),
+                                   score=self._item_counts)
         # called with every learned batch's user and item keys and its real rows (replica.py)
         self.observers: list = []
         # called with no arguments before every learned batch (replica.py: deferred refreshes)
@@ -141,6 +86,7 @@ class Recommender:
         # runtime state, never checkpointed
         self.refresh_s = refresh_s
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
+        self._index_generation = 0   # the catalogue generation the index's rows belong to
         self._snapshot: ItemSnapshot | None = None
         self._popular: tuple | None = None   # (built, model.n_learned, [(item, count)]) for popular()
         # how a known user's items are ranked (None: by the model's scores alone)
@@ -198,13 +144,30 @@ class Recommender:
                                           pair_keys(np.full(len(rows), ukey[0]), snap.keys[rows])))
                 return
 
+    def _item_counts(self, keys: np.ndarray) -> np.ndarray:
+        """Estimated ratings per item key: what a compaction of the catalogue keeps the most of
+        (looked up at the call: a restored recommender's count-min replaces the first one)."""
+        return self.popularity.sketch.estimate_many(keys)
+
     def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
         return self.learner.predict_many(users, items, clip=clip)
 
     @property
     def nbytes(self) -> int:
-        return (self.model.nbytes + self.pairs_seen.nbytes + self.users_seen.nbytes
-                + self.popularity.sketch.nbytes)
+        return sum(self.memory().values())
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held per component: each is sized by configuration (the model's and the Bloom
+        filters' capacities, ``max_items``), never by the number of ids the stream carried."""
+        snap, ranking = self._snapshot, self.ranking
+        index = snap.index if snap is not None else None
+        return {"model": int(self.model.nbytes), "pairs_seen": int(self.pairs_seen.nbytes),
+                "users_seen": int(self.users_seen.nbytes),
+                "popularity": int(self.popularity.sketch.nbytes) + _tracked_bytes(self.popularity),
+                "catalogue": int(getattr(self.catalogue, "nbytes", 0)),
+                "item_snapshot": int(snap.nbytes) if snap is not None else 0,
+                "retrieval_index": int(index.nbytes) if index is not None else 0,
+                "served_ranking": int(ranking.nbytes) if ranking is not None else 0}
 
     @property
     def n_skipped_clip(self) -> int:
@@ -236,7 +199,7 @@ class Recommender:
             ukeys = np.full(len(row_keys), ukey, dtype=np.uint64)
             return self.pairs_seen.contains_many(pair_keys(ukeys, row_keys))
 
-        index = self.index
+        index = snap.index   # built over these very rows (one generation of the catalogue)
         if index is not None and len(index) == len(ids):
             rows, scores = index.search(p[0], k, exclude=seen_rows)
             if len(rows) == k:
@@ -283,22 +246,29 @@ class Recommender:
         try:
             t0 = time.monotonic()
             learned = self.model.n_learned
-            ids, keys = self.catalogue.snapshot()
+            ids, keys, generation = _view(self.catalogue)
             vectors, biases = self.model.factors(keys, ITEM)
             vectors = vectors.astype(np.float32)
+            index = None
             if len(ids) >= self.index_threshold:
-                if self.index is None:
+                # rows are renumbered when the catalogue is compacted: a new index then
+                if self.index is None or self._index_generation != generation:
                     from sketchrec.stream.retrieval import RetrievalIndex
                     self.index = RetrievalIndex(vectors.shape[1], bits=128,
                                                 shortlist=self.index_shortlist)
-                self.index.update(vectors, biases)
+                    self._index_generation = generation
+                index = self.index
+                index.update(vectors, biases)
+            else:
+                self.index = None   # a compacted catalogue below the threshold: scored exactly
             cost = time.monotonic() - t0   # the factor read's, which the cadence bounds
-            ranking, served = self.ranking, ()
+            ranking, served = self.ranking, (None, None, 1.0)
             if ranking is not None and _ranks_publicly(self.model):   # the served ranking's popularity: a few passes over the ids
-                counts = ranking.popularity(self.popularity.sketch.estimate_many(keys), learned)
+                counts = ranking.popularity(self.popularity.sketch.estimate_many(keys), learned,
+                                            keys)
                 served = (counts, ranking.mix.popularity_term(counts), float(ranking.mix.blend[0]))
             self._snapshot = ItemSnapshot(ids, keys, vectors, biases, learned, time.monotonic(),
-                                          cost, *served)
+                                          cost, *served, generation=generation, index=index)
         finally:
             self._snapshot_lock.release()
 
@@ -308,7 +278,8 @@ class Recommender:
         return {"model": self.model.to_bytes(), "pairs_seen": self.pairs_seen.to_bytes(),
                 "users_seen": self.users_seen.to_bytes(),
                 "popularity": self.popularity.sketch.to_bytes(),
-                "serving": json.dumps({"catalogue": ids, "popular_capacity": self.popularity.capacity,
+                "serving": json.dumps({"catalogue": ids, "max_items": self.catalogue.max_items,
+                                       "popular_capacity": self.popularity.capacity,
                                        "popular": [i for i, _ in self.popularity.most_common()]}).encode()}
 
     @classmethod
@@ -319,7 +290,7 @@ class Recommender:
         built at the smallest size, since they are thrown away)."""
         serving = json.loads(parts["serving"])
         rec = cls(model_cls.from_bytes(parts["model"]), pair_capacity=1, user_capacity=1,
-                  refresh_s=refresh_s, monitor=monitor)
+                  refresh_s=refresh_s, monitor=monitor, max_items=serving.get("max_items"))
         rec.pairs_seen = BloomFilter.from_bytes(parts["pairs_seen"])
         rec.users_seen = BloomFilter.from_bytes(parts["users_seen"])
         rec.popularity = HeavyHitters(serving["popular_capacity"],
@@ -329,6 +300,20 @@ class Recommender:
             cat = np.array(serving["catalogue"], dtype=object)
             rec.catalogue.add(cat, as_keys(cat))
         return rec
+
+
+def _tracked_bytes(popularity) -> int:
+    """Bytes of a heavy-hitters list's ids beside its sketch (at most its capacity of them)."""
+    tracked = getattr(popularity, "_tracked", None)
+    if tracked is None:
+        return 0
+    return sys.getsizeof(tracked) + sum(sys.getsizeof(i) for i in list(tracked))
+
+
+def _view(catalogue) -> tuple[list, np.ndarray, int]:
+    """(ids, keys, generation) of a catalogue (a reader's mirror has no generations: 0)."""
+    view = getattr(catalogue, "view", None)
+    return view() if view is not None else (*catalogue.snapshot(), 0)
 
 
 def _top_unseen(scores: np.ndarray, k: int, seen_rows) -> np.ndarray:

@@ -58,6 +58,14 @@ class RetrievalIndex:
     def __len__(self) -> int:
         return self.vectors.shape[0]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays (points, codes, the word-major copy search reads, vectors, biases):
+        about ``8 (dim + 2) + 4 dim + bits / 2`` per item, so bounded by the catalogue's size."""
+        words = self.index[0]
+        return int(self.points.nbytes + self.codes.nbytes + words.nbytes + self.vectors.nbytes
+                   + self.biases.nbytes)
+
     def _points(self, vectors: np.ndarray, biases: np.ndarray) -> np.ndarray:
         a = np.hstack([vectors.astype(np.float64), biases.astype(np.float64)[:, None]])
         tail = np.sqrt(np.maximum(self.scale ** 2 - np.einsum("ij,ij->i", a, a), 0.0))

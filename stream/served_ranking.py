@@ -33,19 +33,51 @@ class ServedRanking:
         self.mix = mix if mix is not None else RankerMix()
         self.recent = RecentCounts(self.mix.decays)
         self._counted = np.zeros(0)   # count-min estimates per catalogue row at the last refresh
+        self._keys = np.zeros(0, dtype=np.uint64)   # the catalogue rows' keys at the last refresh
         self._learned = 0             # ratings learned at the last refresh
         self._next_feedback, self._lock = 0.0, threading.Lock()
 
-    def popularity(self, estimates: np.ndarray, learned: int) -> np.ndarray:
+    def popularity(self, estimates: np.ndarray, learned: int,
+                   keys: np.ndarray | None = None) -> np.ndarray:
         """Counts per catalogue row (all-time, then one row per decay) from the count-min's
-        ``estimates`` for the catalogue, read when the model had learned ``learned`` ratings."""
+        ``estimates`` for the catalogue, read when the model had learned ``learned`` ratings.
+        ``keys``: the rows' item keys; when the rows are no longer those of the last refresh
+        with new ones appended (the catalogue was compacted), the per-row state follows its
+        items to their new rows and an item new to the catalogue starts from nothing."""
         with self._lock:
             estimates = np.asarray(estimates, dtype=np.float64)
+            if keys is not None:
+                self._follow(np.asarray(keys, dtype=np.uint64))
             grown = estimates - np.pad(self._counted, (0, len(estimates) - len(self._counted)))
             rows = np.arange(len(estimates))
             self.recent.add(rows, max(learned - self._learned, 0), np.maximum(grown, 0.0))
             self._counted, self._learned = estimates, learned
             return np.vstack([estimates, self.recent.counts[:, :len(estimates)]])
+
+    def _follow(self, keys: np.ndarray) -> None:
+        """Move the per-row state to the rows ``keys`` now hold (the caller holds the lock)."""
+        old = self._keys
+        m = min(len(old), len(keys))
+        if len(keys) >= len(old) and np.array_equal(old, keys[:m]):
+            self._keys = keys.copy()   # the same rows, new ones appended: nothing moves
+            return
+        order = np.argsort(old, kind="stable")
+        at = np.minimum(np.searchsorted(old[order], keys), max(len(old) - 1, 0))
+        found = (old[order][at] == keys) if len(old) else np.zeros(len(keys), dtype=bool)
+        src = order[at]
+        counted = np.zeros(len(keys))
+        counted[found] = self._counted[src[found]] if len(self._counted) else 0.0
+        recent = np.zeros((self.recent.counts.shape[0], len(keys)))
+        width = self.recent.counts.shape[1]
+        ok = found & (src < width)
+        recent[:, ok] = self.recent.counts[:, src[ok]]
+        # an item new to the catalogue starts at zero, as an appended one does
+        self._counted, self.recent.counts, self._keys = counted, recent, keys.copy()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-row state: sized by the catalogue, which is bounded."""
+        return int(self._counted.nbytes + self._keys.nbytes + self.recent.counts.nbytes)
 
     def feedback(self, snap, counts: np.ndarray, user_vector: np.ndarray, offset: float,
                  item_key: int, seen_rows) -> None:

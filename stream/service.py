@@ -83,6 +83,7 @@ class LearningService:
         self._rate = (now, learned)
         uptime = time.time() - self.started
         skipped = dict(self.skipped)
+        memory = self.recommender.memory()
         for reason, count in (("loss clipped", self.recommender.n_skipped_clip),
                               ("diverged", getattr(self.recommender.model, "n_skipped_diverged", 0))):
             if count:
@@ -91,8 +92,12 @@ class LearningService:
                 "throughput_per_s": (learned - before) / max(now - then, 1e-9),
                 "mean_throughput_per_s": learned / max(uptime, 1e-9),
                 "model_bytes": int(self.recommender.model.nbytes),
-                "serving_bytes": int(self.recommender.nbytes),
+                "serving_bytes": int(sum(memory.values())),
+                # per component: each is sized by configuration, not by the stream
+                "memory_bytes": memory,
                 "catalogue_items": len(self.recommender.catalogue),
+                "catalogue_max_items": getattr(self.recommender.catalogue, "max_items", None),
+                "catalogue_evicted": getattr(self.recommender.catalogue, "evicted", 0),
                 "uptime_s": uptime, "paused": not self.recommender.learning.is_set(),
                 "read_only": self.read_only, "checkpoint": self.last_checkpoint,
                 "checkpoint_age_s": (round(time.time() - self.last_checkpoint["at"], 3)
