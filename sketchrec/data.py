@@ -1,13 +1,14 @@
-"""Rating sources: MovieLens files (auto-detected format) and a seeded synthetic stream.
+"""Rating sources: ratings files (any layout: sketchrec.formats; parsed in compiled chunks:
+sketchrec.chunks) and a seeded synthetic stream (sketchrec.synthetic).
 
 Every source yields ``Ratings`` batches: aligned numpy columns of users, items, ratings and
 timestamps. A malformed line is counted by reason and set aside (the first few are kept with
-their line numbers for the report); it never stops the stream.
+their line numbers for the report); it never stops the stream. A file is read a block at a time:
+``RatingFile.chunks()`` streams it in bounded memory, ``read_ratings`` gathers it into columns.
 """
 
 from __future__ import annotations
 
-import gzip
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from typing import Iterator
 
 import numpy as np
 
-MAX_ID_LENGTH = 256
+from sketchrec.chunks import MAX_ID_LENGTH
+
 FORMATS = {
     "movielens-csv": ",",   # ml-latest(-small)/ml-25m ratings.csv: userId,movieId,rating,timestamp + header
     "ml-100k": "\t",        # u.data: user \t item \t rating \t timestamp, no header
@@ -57,8 +59,19 @@ class Ratings:
 
     @staticmethod
     def concat(parts: list["Ratings"]) -> "Ratings":
-        return Ratings(*(np.concatenate([getattr(p, f) for p in parts])
-                         for f in ("users", "items", "ratings", "timestamps")))
+        return Ratings(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
+
+    def sort_by_time(self) -> None:
+        """Order by timestamp (stable), in place, a column at a time: the sort's extra memory is
+        the permutation and one column, never a second copy of the data."""
+        if len(self) < 2 or bool(np.all(self.timestamps[1:] >= self.timestamps[:-1])):
+            return   # already in time order (a file without timestamps stays in file order)
+        order = np.argsort(self.timestamps, kind="stable")
+        for name in FIELDS:
+            setattr(self, name, getattr(self, name)[order])
+
+
+FIELDS = ("users", "items", "ratings", "timestamps")
 
 
 @dataclass
@@ -70,14 +83,24 @@ class ParseReport:
     skipped: Counter = field(default_factory=Counter)
     examples: list[tuple[int, str, str]] = field(default_factory=list)  # (line number, reason, text)
     max_examples: int = 5
-    fmt: str | None = None   # the format detect_format found
+    fmt: str | None = None   # the file's format (sketchrec.formats.Layout.fmt)
     rating_range: tuple[float, float] | None = None   # the ratings kept; None: any finite rating
     range_source: str = "none"   # where that range came from (given, declared, learned)
+    timestamps: bool = True      # False: the file has none (time order is file order)
 
     def reject(self, line_no: int, reason: str, text: str) -> None:
         self.skipped[reason] += 1
-        if len(self.examples) < self.max_examples:
+        self.example(line_no, reason, text)
+
+    def example(self, line_no: int, reason: str, text: str) -> None:
+        """Keep the line among the examples if it is one of the first ``max_examples`` by line."""
+        if len(self.examples) < self.max_examples or line_no < self.examples[-1][0]:
             self.examples.append((line_no, reason, text[:120]))
+            self.examples.sort(key=lambda e: e[0])
+            del self.examples[self.max_examples:]
+
+    def wants_examples_before(self, line_no: int) -> bool:
+        return len(self.examples) < self.max_examples or line_no < self.examples[-1][0]
 
     @property
     def n_skipped(self) -> int:
@@ -131,39 +154,20 @@ def parse_line(text: str, sep: str) -> tuple:
     return user, item, rating, timestamp
 
 
-def _columns(rows: list[tuple]) -> Ratings:
-    if not rows:
-        return Ratings(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64))
-    users, items, ratings, stamps = zip(*rows)
-    return Ratings(_id_array(users), _id_array(items), np.array(ratings, dtype=np.float64),
-                   np.array(stamps, dtype=np.int64))
+
+class ScaleError(ValueError):
+    """Too many ratings lie outside a declared scale: one line naming the share and the fix."""
 
 
-def _id_array(ids: tuple) -> np.ndarray:
-    if all(type(x) is int for x in ids):
-        return np.array(ids, dtype=np.int64)
-    return np.array([str(x) for x in ids], dtype=object)
-
-
-MOVIELENS_HEADER = "userid,movieid,rating,timestamp"
-
-
-def open_text(path: str | Path):
-    """A ratings file as text (UTF-8, bad bytes replaced); gzip (by its magic bytes) read
-    transparently. IsADirectoryError, FileNotFoundError etc. as ``open`` raises them."""
-    path = Path(path)
-    with path.open("rb") as fh:
-        gzipped = fh.read(2) == b"\x1f\x8b"
-    opener = gzip.open if gzipped else open
-    return opener(path, "rt", encoding="utf-8", errors="replace", newline="")
+REFUSE_SHARE = 0.01   # a declared scale more ratings than this share violate is refused
 
 
 class RangeCheck:
     """Which ratings are kept: those in [lower, upper]. Without a given range: the format's
-    declared scale, else the range of the first ``LEARN_RANGE_FROM`` ratings (1st to 99th
-    percentile) widened on each side by its
-    span or magnitude, so only ratings far outside it are set aside.
-    ``"none"`` keeps every finite rating.
+    declared scale, else the range learned from the first ``LEARN_RANGE_FROM`` ratings by
+    quantiles (``learn``). ``"none"`` keeps every finite rating. A given or declared scale that
+    more than ``REFUSE_SHARE`` of the ratings violate is refused (``ScaleError``): those ratings
+    are on another scale, and learning from the rest would be learning from a fraction.
 
     >>> check = RangeCheck((1.0, 5.0)); check.keeps(5.0), check.keeps(99999.0)
     (True, False)
@@ -172,6 +176,8 @@ class RangeCheck:
     def __init__(self, given: tuple[float, float] | str | None = None, fmt: str | None = None):
         self.bounds: tuple[float, float] | None = None
         self.source = "none"
+        self.seen = self.outside = 0
+        self.low = self.high = math.nan     # the extreme ratings seen, for the refusal's hint
         if isinstance(given, tuple):
             self.bounds, self.source = (float(given[0]), float(given[1])), "given"
         elif given is None and fmt in FORMAT_RANGES:
@@ -183,78 +189,86 @@ class RangeCheck:
     def learning(self) -> bool:
         return self.source == "learning"
 
-    def learn(self, ratings: list[float]) -> None:
-        """Fix the range from the first ratings (a no-op unless still learning)."""
-        if not self.learning or not ratings:
+    def learn(self, ratings) -> None:
+        """Fix the range from the first ratings (a no-op unless still learning): the least and
+        greatest rating within a fence around the 1st and 99th percentiles, so a scale's own
+        ends are its range (-10..10 learns [-10, 10]) and a stray typo far outside is not. A
+        scale of many distinct values (a continuous score) is widened by 2 % of its span on each
+        side, as a later rating may lie a little beyond the first ones.
+
+        >>> c = RangeCheck(); c.learn(np.r_[np.arange(-10, 11).repeat(50), 1e6]); c.bounds
+        (-10.0, 10.0)
+        """
+        values = np.asarray(ratings, dtype=np.float64)
+        if not self.learning or not len(values):
             return
-        lo, hi = (float(x) for x in np.percentile(ratings, [1, 99]))
-        span = max(hi - lo, abs(lo), abs(hi), 1.0)   # generous: only far-off ratings go
-        self.bounds = (lo - span, hi + span)
-        self.source = f"learned from the first {len(ratings):,} ratings"
+        q1, q99 = np.percentile(values, [1, 99])
+        fence = max(q99 - q1, abs(q1), abs(q99), 1.0) / 2
+        inside = values[(values >= q1 - fence) & (values <= q99 + fence)]
+        lo, hi = float(inside.min()), float(inside.max())
+        if len(np.unique(inside)) > 50:
+            lo, hi = lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo)
+        self.bounds = (lo, hi)
+        self.source = f"learned from the first {len(values):,} ratings"
 
     def keeps(self, rating: float) -> bool:
         return self.bounds is None or self.bounds[0] <= rating <= self.bounds[1]
 
+    def mask(self, ratings: np.ndarray) -> np.ndarray:
+        """Which of ``ratings`` are kept; counts them towards the refusal's share."""
+        if self.bounds is None:
+            return np.ones(len(ratings), bool)
+        keep = (ratings >= self.bounds[0]) & (ratings <= self.bounds[1])
+        self.seen += len(ratings)
+        self.outside += int(len(ratings) - keep.sum())
+        if len(ratings):
+            self.low, self.high = np.nanmin([self.low, ratings.min()]), np.nanmax([self.high, ratings.max()])
+        return keep
+
+    def refuse_if_violated(self, final: bool) -> None:
+        """ScaleError when more than REFUSE_SHARE of the ratings so far lie outside a given or
+        declared scale (judged once LEARN_RANGE_FROM ratings are seen, or at the end)."""
+        if self.learning or self.bounds is None or self.source.startswith("learned"):
+            return
+        if not self.seen or (self.seen < LEARN_RANGE_FROM and not final):
+            return
+        share = self.outside / self.seen
+        if share > REFUSE_SHARE:
+            lo, hi = self.bounds
+            raise ScaleError(f"{share:.1%} of the ratings ({self.outside:,} of {self.seen:,}) lie outside "
+                             f"[{lo:g}, {hi:g}] ({self.source}); the ratings run from {self.low:g} to "
+                             f"{self.high:g}: give their scale with --rating-range {self.low:g},{self.high:g} "
+                             "(or 'none' to keep every finite rating)")
+
 
 def read_ratings(path: str | Path, report: ParseReport | None = None,
-                 rating_range: tuple[float, float] | str | None = None) -> tuple[Ratings, ParseReport]:
-    """Read a whole ratings file in any supported format (plain or gzip). A rating outside
-    ``rating_range`` (see ``RangeCheck``) is set aside as "rating out of range". A CSV without
-    MovieLens's header declares no scale, so its range is learned. ValueError: unknown format."""
-    report = report or ParseReport()
-    rows: list[tuple] = []
-    with open_text(path) as fh:
-        first = fh.readline()
-        if not first:
-            return _columns(rows), report
-        fmt = report.fmt = detect_format(first)
-        sep = FORMATS[fmt]
-        header = fmt == "movielens-csv" and not first.split(",")[0].strip().isdigit()
-        generic_csv = fmt == "movielens-csv" and first.strip().lower() != MOVIELENS_HEADER
-        check = RangeCheck(rating_range, None if generic_csv else fmt)
-        pending: list[tuple[int, str, tuple]] = []   # read while the range is being learned
-        lines = ((1, first),) if not header else ()
-        for line_no, text in _chain(lines, enumerate(fh, start=2)):
-            report.lines += 1
-            if not text.strip():
-                report.reject(line_no, "empty line", text)
-                continue
-            if "\ufffd" in text:
-                report.reject(line_no, "not UTF-8", text)
-                continue
-            try:
-                row = parse_line(text, sep)
-            except ValueError as exc:
-                report.reject(line_no, str(exc), text)
-                continue
-            if check.learning:
-                pending.append((line_no, text, row))
-                if len(pending) >= LEARN_RANGE_FROM:
-                    _keep_in_range(pending, check, rows, report)
-            elif check.keeps(row[2]):
-                rows.append(row)
-            else:
-                report.reject(line_no, "rating out of range", text)
-        _keep_in_range(pending, check, rows, report)
-    report.accepted = len(rows)
-    report.rating_range, report.range_source = check.bounds, check.source
-    return _columns(rows), report
+                 rating_range: tuple[float, float] | str | None = None, columns: dict | None = None,
+                 sep: str | None = None) -> tuple[Ratings, ParseReport]:
+    """Read a whole ratings file (any layout and compression: RatingFile) into columns. A rating
+    outside ``rating_range`` (see ``RangeCheck``) is set aside as "rating out of range". A file
+    without MovieLens's layout declares no scale, so its range is learned. ValueError: a layout
+    that must be asked about, or a declared scale too many ratings violate (ScaleError)."""
+    from sketchrec.reader import RatingFile
+    source = RatingFile(path, rating_range, columns, sep, report)
+    return gather(source.chunks()), source.report
 
 
-def _keep_in_range(pending: list, check: RangeCheck, rows: list, report: ParseReport) -> None:
-    """Learn the range from the pending rows, then keep those inside it (in file order)."""
-    check.learn([row[2] for _, _, row in pending])
-    for line_no, text, row in pending:
-        if check.keeps(row[2]):
-            rows.append(row)
-        else:
-            report.reject(line_no, "rating out of range", text)
-    pending.clear()
-
-
-def _chain(*iterables):
-    for it in iterables:
-        yield from it
+def gather(chunks) -> Ratings:
+    """The chunks as one batch, a column at a time (peak: the chunks and one column). Ids that
+    are ints in one chunk and text in another all become text (one id, one key: hashing)."""
+    parts = list(chunks)
+    if not parts:
+        return Ratings(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64))
+    columns = []
+    for name in FIELDS:
+        pieces = [getattr(p, name) for p in parts]
+        for p in parts:
+            setattr(p, name, None)
+        if any(x.dtype == object for x in pieces) and name in ("users", "items"):
+            pieces = [x if x.dtype == object else x.astype(str).astype(object) for x in pieces]
+        columns.append(np.concatenate(pieces))
+        del pieces
+    return Ratings(*columns)
 
 
 def order_ratings(ratings: Ratings, order: str, seed: int = 0) -> Ratings:
@@ -268,103 +282,25 @@ def order_ratings(ratings: Ratings, order: str, seed: int = 0) -> Ratings:
     raise ValueError(f"unknown order {order!r}; use time, file or shuffle")
 
 
-class SyntheticStream:
-    """Ratings from a low-rank ground truth with Zipf-skewed users and items (seeded).
+def rebatch(chunks, size: int) -> Iterator[Ratings]:
+    """Chunks of any length as batches of ``size`` (the last may be shorter), in order."""
+    held: list[Ratings] = []
+    count = 0
+    for chunk in chunks:
+        held.append(chunk)
+        count += len(chunk)
+        if count < size:
+            continue
+        whole = Ratings.concat(held) if len(held) > 1 else held[0]
+        cut = count - count % size
+        yield from whole.take(slice(0, cut)).batches(size)
+        held, count = ([whole.take(slice(cut, None))], count - cut) if cut < count else ([], 0)
+    if count:
+        yield Ratings.concat(held) if len(held) > 1 else held[0]
 
-    r = clip(round_half(mu + b_u + b_i + u . v + noise), 1, 5), with users and items drawn with
-    probability proportional to 1 / rank^skew, and timestamps increasing by exponential gaps.
-    The ground truth is fixed at construction, so memory does not grow with the stream length.
 
-    ``taste`` is the std of the taste term u . v (default 1 / sqrt(rank)); ``noise`` the std of
-    the Gaussian noise before rounding. With ``change_point`` F in (0, 1) every user's taste
-    vector u is redrawn (seeded, from its own generator: the stream before the point is the one
-    without a change-point) for the ratings from position ``change_at`` = round(F * n_ratings)
-    on: what was learned of the tastes before it is wrong after it (``drifting()`` is the
-    benchmark stream of that kind). ``noise_floor()`` is the RMSE of the best possible
-    predictor (the exact mean of the rounded, clipped rating given user, item and position).
-    Deterministic by ``seed``:
+from sketchrec.synthetic import SyntheticStream  # noqa: E402  (it builds Ratings: defined above)
 
-    >>> s = SyntheticStream(1000, 50, 40, change_point=0.5, seed=3)
-    >>> s.change_at, bool((s.all().ratings == SyntheticStream(1000, 50, 40, seed=3, change_point=0.5).all().ratings).all())
-    (500, True)
-    >>> bool((s.all().ratings[:500] == SyntheticStream(1000, 50, 40, seed=3).all().ratings[:500]).all())
-    True
-    >>> round(s.noise_floor(), 2)   # noise 0.5, widened by the rounding, narrowed by the clip
-    0.51
-    """
-
-    def __init__(self, n_ratings: int = 500_000, n_users: int = 10_000, n_items: int = 3_000,
-                 rank: int = 8, skew: float = 0.8, noise: float = 0.5, seed: int = 0,
-                 change_point: float | None = None, taste: float | None = None):
-        if min(n_ratings, n_users, n_items, rank) < 1:
-            raise ValueError("sizes must be positive")
-        if change_point is not None and not 0 < change_point < 1:
-            raise ValueError("change_point must be a fraction strictly between 0 and 1")
-        self.n_ratings, self.n_users, self.n_items = int(n_ratings), int(n_users), int(n_items)
-        self.rank, self.skew, self.noise, self.seed = int(rank), float(skew), float(noise), int(seed)
-        self.change_point, self.taste = change_point, taste
-        rng = np.random.default_rng(seed)
-        # per component: std(u . v) = taste (default 1 / sqrt(rank), the historical streams)
-        scale = 1.0 / math.sqrt(rank) if taste is None else math.sqrt(taste / math.sqrt(rank))
-        self._u = rng.normal(0, scale, (n_users, rank)).astype(np.float32)
-        self._v = rng.normal(0, scale, (n_items, rank)).astype(np.float32)
-        self._bu = rng.normal(0, 0.4, n_users).astype(np.float32)
-        self._bi = rng.normal(0, 0.4, n_items).astype(np.float32)
-        self._user_cdf = self._zipf_cdf(n_users)
-        self._item_cdf = self._zipf_cdf(n_items)
-        self.change_at = self.n_ratings if change_point is None else int(round(change_point * n_ratings))
-        self._u_after = self._u if change_point is None else np.random.default_rng(
-            [seed, 5]).normal(0, scale, (n_users, rank)).astype(np.float32)
-
-    @classmethod
-    def drifting(cls, n_ratings: int = 500_000, seed: int = 0) -> "SyntheticStream":
-        """The change-point benchmark stream: 1,000 users and 1,000 items, strong tastes (std 1),
-        noise 0.35 (noise floor 0.35), every taste redrawn halfway. On it the default sketch
-        learner ends at windowed RMSE 0.67 (1/20 windows) and lr 0.05 / reg 0.02 at 0.50.
-        ``replay --synthetic-users 1000 --synthetic-items 1000 --synthetic-taste 1
-        --synthetic-noise 0.35 --change-point 0.5`` replays it."""
-        return cls(n_ratings, 1_000, 1_000, noise=0.35, seed=seed, change_point=0.5, taste=1.0)
-
-    def _zipf_cdf(self, n: int) -> np.ndarray:
-        weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** self.skew
-        return np.cumsum(weights) / weights.sum()
-
-    def _draws(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """(users, items, noiseless raw rating, noise, timestamps) of each batch."""
-        rng = np.random.default_rng(self.seed + 1)
-        clock = 1_500_000_000
-        for start in range(0, self.n_ratings, size):
-            n = min(size, self.n_ratings - start)
-            u = np.minimum(np.searchsorted(self._user_cdf, rng.random(n)), self.n_users - 1)
-            i = np.minimum(np.searchsorted(self._item_cdf, rng.random(n)), self.n_items - 1)
-            after = (start + np.arange(n) >= self.change_at)[:, None]
-            taste = np.where(after, self._u_after[u], self._u[u]) if self.change_point else self._u[u]
-            mean = 3.6 + self._bu[u] + self._bi[i] + np.einsum("nr,nr->n", taste, self._v[i])
-            noise = rng.normal(0, self.noise, n)
-            stamps = clock + np.cumsum(rng.exponential(2.0, n)).astype(np.int64)
-            clock = int(stamps[-1])
-            yield u, i, mean, noise, stamps
-
-    def batches(self, size: int = 10_000) -> Iterator[Ratings]:
-        for u, i, mean, noise, stamps in self._draws(size):
-            ratings = np.clip(np.round((mean + noise) * 2) / 2, 1.0, 5.0)
-            yield Ratings(u.astype(np.int64) + 1, i.astype(np.int64) + 1, ratings, stamps)
-
-    def all(self) -> Ratings:
-        return Ratings.concat(list(self.batches(100_000)))
-
-    def noise_floor(self) -> float:
-        """RMSE of the best possible predictor over this stream: sqrt of the mean variance of
-        clip(round_half(mean + noise), 1, 5) given each rating's mean (exact, by the normal CDF)."""
-        from scipy.special import ndtr
-        if self.noise == 0:
-            return 0.0   # each rating is its mean, rounded: nothing left to predict
-        grid = np.arange(1.0, 5.01, 0.5)                 # the values a rating takes
-        edges = np.r_[-np.inf, grid[:-1] + 0.25, np.inf]  # rounding half-way points
-        total = 0.0
-        for _, _, mean, _, _ in self._draws(100_000):
-            cdf = ndtr((edges[None, :] - mean[:, None]) / self.noise)
-            p = np.diff(cdf, axis=1)
-            first, second = p @ grid, p @ grid ** 2
-            total += float(np.sum(second - first ** 2))
-        return math.sqrt(total / self.n_ratings)
+__all__ = ["FIELDS", "FORMATS", "FORMAT_RANGES", "LEARN_RANGE_FROM", "MAX_ID_LENGTH", "ParseReport",
+           "RangeCheck", "Ratings", "ScaleError", "SyntheticStream", "detect_format",
+           "gather", "order_ratings", "parse_line", "read_ratings", "rebatch"]
