@@ -22,7 +22,14 @@ Budget (``privacy.joint_dp.FALLBACK_SHARES``; one ledger, composition):
   steps do, ``models.dp_sgd``) and ``DPConfig.stream_multiplier`` already includes them.
 
 Items are hashed into ``width`` public buckets (the stream's items are not a public catalogue);
-noise goes on every bucket, so which items were rated is not revealed. The choice compares
+noise goes on every bucket, so which items were rated is not revealed. At the user unit the item
+statistics are calibrated to the L2 sensitivity sqrt(2m) of m ratings in m distinct buckets; a
+user's ratings that share a bucket (a repeated item, or items hashed together) would move that one
+bucket by up to (m, m), sqrt(2) m. So each user's whole contribution vector (its per-bucket sums
+and counts) is scaled to L2 norm at most sqrt(2m) (``user_weights``; in a stream, over the whole
+pass). Scaling rather than calibrating to sqrt(2) m: a user whose ratings fall in distinct buckets
+(nearly all of them, with width >> a user's ratings) is untouched, and the noise stays sqrt(m)
+times smaller than the worst case would need. The choice compares
 errors on the user's own ratings as learned (holdout: the training part; stream: prequential),
 never on test data.
 
@@ -62,6 +69,34 @@ STREAM_MARGIN = 1.0  # noise std of evidence a stream needs to answer from the f
 DECAY = 0.5       # weight of the choice's running sum at each new window (stream)
 
 
+def user_weights(users: np.ndarray, cells: np.ndarray, x: np.ndarray,
+                 allowance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-rating weights that bound each user's contribution vector to the item statistics.
+
+    ``users``: indices 0..n-1; ``cells``: each rating's bucket; ``x``: its clipped, centred value
+    in [-1, 1]; ``allowance``: each user's squared L2 norm still allowed (2m per pass). A user's
+    vector is (sum of x, count) per bucket it touches; when its squared norm exceeds the
+    allowance all of that user's ratings are scaled by sqrt(allowance / norm^2), so the vector's
+    norm is at most sqrt(allowance). Returns (weights per rating, squared norm used per user).
+
+    >>> w, used = user_weights(np.array([0, 0, 1]), np.array([3, 3, 4]), np.ones(3), np.array([4.0, 4.0]))
+    >>> w.round(3).tolist(), used.tolist()
+    ([0.707, 0.707, 1.0], [4.0, 2.0])
+    """
+    users = np.asarray(users, np.int64)
+    n = len(allowance)
+    pair = users * (int(np.max(cells, initial=0)) + 1) + np.asarray(cells, np.int64)
+    _, inverse = np.unique(pair, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    sums, counts = np.bincount(inverse, x), np.bincount(inverse)
+    owner = users[np.unique(inverse, return_index=True)[1]]   # the user of each (user, bucket)
+    sq = np.bincount(owner, sums ** 2 + counts ** 2, n)
+    scale = np.ones(n)
+    over = sq > allowance
+    scale[over] = np.sqrt(np.maximum(allowance[over], 0.0) / sq[over])
+    return scale[users], sq * scale ** 2
+
+
 def buckets(items, width: int) -> np.ndarray:
     """Public bucket of each item (a fixed multiplicative hash of its key)."""
     keys = as_keys(items).astype(np.uint64)
@@ -81,6 +116,7 @@ class DPSGDFallback:
         self._totals = [0.0, 0.0, np.zeros(width), np.zeros(width)]
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._counts: dict = {}      # the stream's per-user counts for the user cap
+        self._allowance: dict = {}   # the pass's per-user squared norm left (``user_weights``)
         self._sq = {"factors": 0.0, "baseline": 0.0, "n": 0}
         self._step = 0
 
@@ -180,14 +216,25 @@ class DPSGDFallback:
         enc = Encoded(uidx.astype(np.int64), buckets(items, self.width).astype(np.int64),
                       np.asarray(ratings, np.float64), ids, self.width)
         keep = capped(enc.users, dp.user_cap if dp.unit == "user" else None, self._rng())
+        weights = None
+        if dp.unit == "user":   # each user's contribution vector within the calibrated sqrt(2m)
+            weights, _ = self._bounded(enc.users[keep], enc.items[keep], enc.ratings[keep],
+                                       np.full(len(ids), 2.0 * dp.user_cap))
         (mean, _), (item_noise, std) = self._noise("mean"), self._noise("biases")
         self.release = release_biases(enc, keep, dp.rating_range, mean, item_noise, std, self._rng,
-                                      DAMPING)
+                                      DAMPING, weights=weights)
         diff = self._differences(users, items, ratings)
         per_user = np.bincount(enc.users, diff, len(ids)) / np.bincount(enc.users, minlength=len(ids))
         noise, self.choice_std = self._noise("choice")
         self.chose_factors, self.choice_sum = noisy_choice(per_user, noise, self.choice_std, self._rng())
         return self.fallback_figures()
+
+    def _bounded(self, users, cells, ratings, allowance) -> tuple[np.ndarray, np.ndarray]:
+        """``user_weights`` of these ratings (values clipped and centred as the statistics do)."""
+        lo, hi = self.model.dp.rating_range
+        mid, half = (lo + hi) / 2, (hi - lo) / 2
+        x = np.clip(np.asarray(ratings, np.float64) - mid, -half, half) / half
+        return user_weights(users, cells, x, allowance)
 
     def _differences(self, users, items, ratings) -> np.ndarray:
         """Baseline's minus the factor model's squared error, per rating (clipped by the caller)."""
@@ -223,7 +270,7 @@ class DPSGDFallback:
             end = min(len(r), start + self.window - self.position % self.window)
             part = slice(start, end)
             k = keep[part]
-            self._pending.append((ikeys[part][k], r[part][k], diff[part][k]))
+            self._pending.append((ukeys[part][k], ikeys[part][k], r[part][k], diff[part][k]))
             self.position += end - start
             if self.position % self.window == 0:
                 self._release_window()
@@ -246,14 +293,20 @@ class DPSGDFallback:
     def _release_window(self) -> None:
         """The window's noisy statistics (replace-one: twice the add/remove sensitivity), added
         to the running totals; the baseline and the choice re-derived from the totals."""
-        ikeys, r, diff = (np.concatenate(parts) for parts in zip(*self._pending))
+        ukeys, ikeys, r, diff = (np.concatenate(parts) for parts in zip(*self._pending))
         self._pending = []
         dp = self.model.dp
         enc = Encoded(np.zeros(len(r), np.int64), buckets(ikeys, self.width).astype(np.int64), r,
                       np.zeros(1, np.int64), self.width)
+        weights = None
+        if dp.unit == "user":   # a user's windows together stay within the calibrated sqrt(2m)
+            ids, uidx = np.unique(ukeys, return_inverse=True)
+            left = np.array([self._allowance.get(key, 2.0 * dp.user_cap) for key in ids.tolist()])
+            weights, used = self._bounded(uidx.reshape(-1), enc.items, r, left)
+            self._allowance.update(zip(ids.tolist(), (left - used).tolist()))
         (mean, _), (item_noise, std) = self._noise("mean", 2.0), self._noise("biases", 2.0)
         stats = noisy_bias_statistics(enc, np.ones(len(r), bool), dp.rating_range, mean, item_noise,
-                                      self._rng)
+                                      self._rng, weights)
         self._totals = [t + s for t, s in zip(self._totals, stats)]
         self.windows += 1
         self.release = bias_estimates(*self._totals, dp.rating_range, std * math.sqrt(self.windows),

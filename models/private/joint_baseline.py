@@ -116,26 +116,33 @@ class BiasRelease:
 
 def release_biases(enc: Encoded, keep: np.ndarray, rating_range: tuple[float, float],
                    noise_mean: Noise, noise_items: Noise, std_items: float, rng,
-                   damping: float = 5.0, prior_var: float = 0.25) -> BiasRelease:
+                   damping: float = 5.0, prior_var: float = 0.25,
+                   weights: np.ndarray | None = None) -> BiasRelease:
     """Noisy releases over the kept ratings, in units of clipped centred rating / half-range:
     the global (sum, count) with ``noise_mean``, and per item (sum, count) with ``noise_items``
-    (of std ``std_items``); then mu and the item biases (``bias_estimates``). ``rng()`` gives
-    each release a fresh generator."""
-    stats = noisy_bias_statistics(enc, keep, rating_range, noise_mean, noise_items, rng)
+    (of std ``std_items``; ``weights`` as in ``noisy_bias_statistics``); then mu and the item
+    biases (``bias_estimates``). ``rng()`` gives each release a fresh generator."""
+    stats = noisy_bias_statistics(enc, keep, rating_range, noise_mean, noise_items, rng, weights)
     return bias_estimates(*stats, rating_range, std_items, damping, prior_var)
 
 
 def noisy_bias_statistics(enc: Encoded, keep: np.ndarray, rating_range: tuple[float, float],
-                          noise_mean: Noise, noise_items: Noise, rng) -> tuple:
+                          noise_mean: Noise, noise_items: Noise, rng,
+                          weights: np.ndarray | None = None) -> tuple:
     """The released statistics: (global noisy sum, global noisy count, per-item noisy sums,
     per-item noisy counts) of the kept ratings, clipped and centred, in half-range units. Noisy
-    statistics of disjoint parts of a stream add up (``models.private_fallback``)."""
+    statistics of disjoint parts of a stream add up (``models.private.fallback``).
+
+    ``weights`` (one per kept rating, in [0, 1]) scale each rating's (sum, count) in the per-item
+    cells: the fallback bounds a user's whole contribution vector with them (``user_weights``).
+    The global (sum, count) is unweighted: its sensitivity counts every kept rating."""
     lo, hi = rating_range
     mid, half = (lo + hi) / 2, (hi - lo) / 2
     x = np.clip(enc.ratings[keep] - mid, -half, half) / half
+    w = np.ones(len(x)) if weights is None else np.asarray(weights, np.float64)
     total, n = np.array([x.sum(), keep.sum()]) + noise_mean((2,), rng())
-    sums = np.bincount(enc.items[keep], x, enc.n_items) + noise_items(enc.n_items, rng())
-    counts = np.bincount(enc.items[keep], minlength=enc.n_items) + noise_items(enc.n_items, rng())
+    sums = np.bincount(enc.items[keep], w * x, enc.n_items) + noise_items(enc.n_items, rng())
+    counts = np.bincount(enc.items[keep], w, enc.n_items) + noise_items(enc.n_items, rng())
     return float(total), float(n), sums, counts
 
 
