@@ -271,6 +271,8 @@ class ReplayConfig:
     serving: ServingSettings
     capacity: int | None = None   # --capacity; None: counted from the data (never in DP modes)
     evaluation: EvaluationSettings = EvaluationSettings()
+    columns: dict | None = None   # --columns (sketchrec.formats.parse_columns); None: told from the file
+    sep: str | None = None        # --sep; None: told from the first line
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReplayConfig":

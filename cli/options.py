@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +19,11 @@ from sketchrec.privacy.admin_token import add_admin_token_args
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, ``PROG: ...`` (no usage block): SystemExit
     with the message, as every other check of the commands ends (printed to stderr, exit 1)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # a negative number or range ("-10,10", "-2.5e1") is an option's value, not an option
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?(,\S*)?$")
 
     def error(self, message: str):
         raise SystemExit(f"{self.prog}: {message} (see --help)")

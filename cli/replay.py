@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
@@ -20,7 +20,7 @@ from sketchrec.cli.options import (Parser, add_evaluation_args, add_model_args,
                                           speed, unit_fraction, value_range)
 from sketchrec.cli.fetch import resolve_data
 from sketchrec.cli.serve import serve_until_interrupted, start_server
-from sketchrec.cli.source import Source, open_source, path_problem
+from sketchrec.cli.source import Source, add_data_args, open_source, path_problem
 
 if TYPE_CHECKING:  # the run's parts, imported when a command needs them
     from sketchrec.models.private.dp_sgd import DPConfig
@@ -47,6 +47,7 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
                     help="ratings outside [L, U] are set aside by reason (default: the format's "
                     "declared scale, 1,5 for u.data and ratings.dat, 0.5,5 for MovieLens "
                     "ratings.csv; else learned from the first ratings); 'none': any finite rating")
+    add_data_args(ap)   # --columns, --sep
     ap.add_argument("--speed", type=speed, default=None, help="'max', or X = multiple of real time (timestamps)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--json", action="store_true",
@@ -97,6 +98,7 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
         return 2
     try:  # the checks below end the command by SystemExit with a one-line message
         config = ReplayConfig.from_args(args)
+        config = replace(config, columns=args.columns, sep=args.sep)   # the file's layout
         server = None
         if config.dp.joint(config.holdout is not None):
             result, server = _joint(config)

@@ -1,15 +1,21 @@
-"""What `replay` learns from: a ratings file (plain or gzip, any supported format, ratings
-outside the range set aside by reason) or the built-in synthetic stream, as batches."""
+"""What `replay` learns from: a ratings file (any layout and compression: sketchrec.reader;
+ratings outside the range set aside by reason) or the built-in synthetic stream, as batches.
+
+With ``--order file`` a file streams: one pass counts its ids and ratings (the sketch is sized
+before the first rating is learned) keeping no ratings, the second learns a block at a time, so
+memory is a block and the model whatever the file's size. Time order needs the whole file: its
+columns are read into numpy arrays and sorted there, a column at a time."""
 
 from __future__ import annotations
 
-import gzip
-import zlib
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from sketchrec.data import ParseReport, Ratings, SyntheticStream, order_ratings, read_ratings
+import numpy as np
+
+from sketchrec.data import ParseReport, Ratings, SyntheticStream, gather, order_ratings, rebatch
 from sketchrec.cli.config import ReplayConfig
 
 
@@ -37,6 +43,32 @@ def path_problem(path: str) -> str | None:
     return None
 
 
+def add_data_args(ap: argparse.ArgumentParser) -> None:
+    """The options that say how a ratings file is laid out (besides --rating-range)."""
+    ap.add_argument("--columns", type=columns_option, metavar="user=A,item=B,rating=C[,timestamp=D]",
+                    help="which column holds what: header names (any order), or 1-based positions "
+                    "for a file without a header (default: a header's common names, e.g. userId, "
+                    "movieId, item_id, rating, score, timestamp, ts; a file of numbers is read "
+                    "as user, item, rating[, timestamp])")
+    ap.add_argument("--sep", type=separator_option, metavar="S", help="field separator, e.g. ';' "
+                    "or '\\t' (default: the first of '::', tab, ',', ';', '|' on the first line)")
+
+
+def columns_option(text: str) -> dict:
+    from sketchrec.formats import parse_columns
+    try:
+        return parse_columns(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def separator_option(text: str) -> str:
+    sep = {"\\t": "\t", "tab": "\t", "space": " "}.get(text, text)
+    if not sep or "\n" in sep or "\r" in sep:
+        raise argparse.ArgumentTypeError(f"expected a separator such as ',' ';' '\\t', got {text!r}")
+    return sep
+
+
 def open_source(config: ReplayConfig, prog: str = "replay") -> Source:
     if not config.path:
         n_ratings, n_users, n_items = config.synthetic
@@ -46,17 +78,64 @@ def open_source(config: ReplayConfig, prog: str = "replay") -> Source:
         return Source(None, synth.batches(config.batch_size),
                       _capacity(config, synth.n_users + synth.n_items, prog), synth.n_ratings,
                       "synthetic", ParseReport(), synthetic=synth)
+    batch = config.batch_size if config.speed is None else 100
     try:
-        data, report = read_ratings(config.path, rating_range=config.rating_range)
-    except (OSError, EOFError, zlib.error, gzip.BadGzipFile, ValueError) as exc:
-        raise SystemExit(f"{prog}: cannot read {config.path}: {exc}") from None
+        from sketchrec.reader import RatingFile
+        source = RatingFile(config.path, config.rating_range, getattr(config, "columns", None),
+                            getattr(config, "sep", None))
+        if config.order == "file" and config.holdout is None:
+            return _streamed(config, source, batch, prog)
+        data = gather(source.chunks())
+    except (OSError, EOFError, ValueError, ArithmeticError) as exc:   # pyarrow's errors included
+        raise SystemExit(f"{prog}: cannot read {config.path}: {_one_line(exc)}") from None
+    report = source.report
     if len(data) == 0:
         raise SystemExit(no_ratings_message(config.path, report, prog))
     if config.holdout is None:  # a holdout split depends on the data set and seed only
-        data = order_ratings(data, config.order, config.seed)
-    batches = data.batches(config.batch_size if config.speed is None else 100)
-    return Source(data, batches, _capacity(config, data.n_ids(), prog), len(data), str(config.path),
-                  report, report.fmt)
+        if config.order == "time":
+            data.sort_by_time()   # in place, a column at a time
+        else:
+            data = order_ratings(data, config.order, config.seed)
+    return Source(data, data.batches(batch), _capacity(config, data.n_ids(), prog), len(data),
+                  str(config.path), report, report.fmt)
+
+
+def _streamed(config: ReplayConfig, source, batch: int, prog: str) -> Source:
+    """A file in file order: a counting pass (ids, ratings, what is set aside: the report is
+    complete before learning), then the learning pass streams block by block."""
+    users, items = _Distinct(), _Distinct()
+    for chunk in source.chunks():
+        users.add(chunk.users)
+        items.add(chunk.items)
+    report = source.report
+    if report.accepted == 0:
+        raise SystemExit(no_ratings_message(config.path, report, prog))
+    batches = rebatch(source.again().chunks(), batch)
+    return Source(None, batches, _capacity(config, len(users) + len(items), prog), report.accepted,
+                  str(config.path), report, report.fmt)
+
+
+class _Distinct:
+    """Distinct ids seen, in memory proportional to their number (not to the ratings')."""
+
+    def __init__(self) -> None:
+        self.ints = np.empty(0, np.int64)
+        self.texts: set = set()
+
+    def add(self, ids: np.ndarray) -> None:
+        if ids.dtype == object:
+            self.texts.update(ids.tolist())
+        else:
+            self.ints = np.union1d(self.ints, ids)
+
+    def __len__(self) -> int:
+        if not self.texts:
+            return len(self.ints)
+        return len(self.texts | {str(x) for x in self.ints.tolist()})
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def no_ratings_message(path: str, report: ParseReport, prog: str) -> str:
