@@ -19,18 +19,24 @@ import numpy as np
 
 from sketchrec.data import FORMAT_RANGES
 from sketchrec.privacy.bounded_laplace import BoundedLaplace
+from sketchrec.privacy.entropy import DEBUG_NOTE, fresh_generator
 
 HEADER = "sketchrec-ldp"  # Kafka header a producer sets on every perturbed message
 
 
 class DeviceRandomiser:
     """What a rating device runs: ``perturb`` clamps each rating into [lower, upper] and draws
-    its Bounded Laplace release (exact inverse-CDF sampling)."""
+    its Bounded Laplace release (exact inverse-CDF sampling).
+
+    The noise comes from fresh secret entropy (``privacy.entropy``): whoever could regenerate it
+    would subtract it and read every raw rating. ``seed`` is for debugging only: the noise is
+    then reproducible by whoever knows the seed, so there is no guarantee (``proven`` False)."""
 
     def __init__(self, epsilon: float, lower: float, upper: float, seed: int | None = None):
         self.mechanism = BoundedLaplace(epsilon=epsilon, lower=lower, upper=upper)
         self.epsilon, self.lower, self.upper = float(epsilon), float(lower), float(upper)
-        self.rng = np.random.default_rng(seed)
+        self.proven = seed is None
+        self.rng = fresh_generator() if seed is None else np.random.default_rng(seed)
 
     def perturb(self, ratings) -> np.ndarray:
         values = np.clip(np.asarray(ratings, dtype=np.float64), self.lower, self.upper)
@@ -93,10 +99,15 @@ class LDPSettings:
     [0.5, 4.0]
     """
 
-    def __init__(self, epsilon: float, lower: float, upper: float):
+    def __init__(self, epsilon: float, lower: float, upper: float, debug_seed: int | None = None):
         if not epsilon > 0 or not lower < upper:
             raise ValueError("LDP needs epsilon > 0 and lower < upper")
         self.epsilon, self.lower, self.upper = float(epsilon), float(lower), float(upper)
+        self.debug_seed = debug_seed   # a simulation's reproducible device noise: no guarantee
+
+    def randomiser(self) -> DeviceRandomiser:
+        """The simulated devices' randomiser: fresh secret noise unless ``debug_seed`` is set."""
+        return DeviceRandomiser(self.epsilon, self.lower, self.upper, seed=self.debug_seed)
 
     @classmethod
     def from_mechanism(cls, mech: dict) -> "LDPSettings":
@@ -104,10 +115,14 @@ class LDPSettings:
         return cls(mech["epsilon"], *mech["range"])
 
     def figures(self) -> dict:
-        return {"mode": "ldp", "epsilon": self.epsilon, "delta": 0.0, "range": [self.lower, self.upper],
-                "privacy_unit": "one rating's value (local, per message)", "proven_bound": True,
-                "mechanism": "BoundedLaplace",
-                "guarantee": f"{self.epsilon:g}-LDP for the value of each rating, clamped into the "
-                             f"declared range [{self.lower:g}, {self.upper:g}] on the device; which "
-                             "items a user rated, and when, are not protected; a user with n "
-                             f"ratings is n*{self.epsilon:g}-LDP for the whole rating vector"}
+        guarantee = (f"{self.epsilon:g}-LDP for the value of each rating, clamped into the "
+                     f"declared range [{self.lower:g}, {self.upper:g}] on the device; which "
+                     "items a user rated, and when, are not protected; a user with n "
+                     f"ratings is n*{self.epsilon:g}-LDP for the whole rating vector")
+        if self.debug_seed is not None:
+            guarantee = f"none: {DEBUG_NOTE}"
+        return {"mode": "ldp", "epsilon": self.epsilon if self.debug_seed is None else float("inf"),
+                "delta": 0.0, "range": [self.lower, self.upper],
+                "privacy_unit": "one rating's value (local, per message)",
+                "proven_bound": self.debug_seed is None, "mechanism": "BoundedLaplace",
+                "guarantee": guarantee}
