@@ -15,6 +15,12 @@ ledger refuses to load when a newer file does not verify (falling back would und
 privacy spent by what that file's model released), and ``save`` refuses a ledger that does not
 continue the one already stored (defect D9: `replay --checkpoint` twice into one directory started
 a fresh ledger); ``continue_ledger`` gives the ledger a new run must extend.
+
+Nor does it go back: the SHA-256 above has no key, and a directory can be restored from an older
+copy. So every ledger saved is first recorded OUTSIDE the directory and signed with the operator's
+key (``privacy.ledger``: an append-only MAC-chained record keyed by the model's identity), and
+``latest`` continues from the record when it is higher than the checkpoint's ledger, and refuses a
+ledger whose MAC does not verify.
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.privacy.ledger import LedgerIntegrityError, reconcile, seal
+from sketchrec.privacy.ledger import extends as _extends
 
 log = logging.getLogger(__name__)
 LEDGER = "privacy_ledger"
+LEDGER_MAC = "privacy_ledger_mac"   # HMAC of the ledger under the operator key (never stored here)
 MAGIC = b"SKCP"
 _NAME = re.compile(r"^ckpt-(\d{12})\.skc$")
 _HEADER_KEYS = {"seq", "meta", "parts", "sha256"}
@@ -48,30 +57,9 @@ class Checkpoint:
     path: Path
 
 
-class LedgerIntegrityError(ValueError):
-    """A checkpoint holding (or following one holding) a privacy ledger does not verify."""
-
-
 def _digest(seq: int, meta: dict, parts: list, body: bytes) -> str:
     signed = json.dumps({"seq": seq, "meta": meta, "parts": parts}, sort_keys=True).encode()
     return hashlib.sha256(struct.pack("<Q", len(signed)) + signed + body).hexdigest()
-
-
-def _extends(new: dict | None, old: dict | None) -> bool:
-    """Whether ledger ``new`` continues ``old`` (same unit and delta, old's entries as a prefix;
-    the last may have grown, since equal consecutive entries merge)."""
-    if old is None or not old["steps"]:
-        return True
-    if new is None or (new["unit"], new["delta"]) != (old["unit"], old["delta"]):
-        return False
-    if old.get("ledger_id") and new.get("ledger_id") != old["ledger_id"]:
-        return False  # another ledger, even one that happens to match entry for entry
-    a, b = old["steps"], new["steps"]
-    if len(b) < len(a) or a[:-1] != b[:len(a) - 1]:
-        return False
-    last, same = a[-1], b[len(a) - 1]
-    return (last["noise_multiplier"], last["sampling_rate"]) == \
-        (same["noise_multiplier"], same["sampling_rate"]) and same["count"] >= last["count"]
 
 
 class CheckpointStore:
@@ -107,6 +95,8 @@ class CheckpointStore:
                     f"{self.directory} holds a privacy ledger that this checkpoint does not "
                     "continue: refusing to start a fresh ledger there (continue it with "
                     "stream.checkpoint.continue_ledger, or use another directory)")
+        if meta.get(LEDGER):   # recorded outside the directory before any file shows it
+            meta[LEDGER_MAC] = seal(self.directory, meta[LEDGER])
         body = b"".join(parts.values())
         layout = [[name, len(blob)] for name, blob in parts.items()]
         header = json.dumps({"seq": seq, "meta": meta, "parts": layout,
@@ -185,6 +175,9 @@ class CheckpointStore:
                     f"refusing to load {self.directory}: {exc}. Its checkpoints hold a privacy "
                     "ledger, and falling back to an older one would under-count the privacy "
                     "already spent; restore the file, or move it away knowingly") from None
+            ledger = reconcile(self.directory, path.name, ckpt.meta.get(LEDGER), ckpt.meta.get(LEDGER_MAC))
+            if ledger is not None:
+                ckpt.meta[LEDGER] = ledger   # the operator's record when it is higher
             return ckpt
         if failed and any(_mentions_ledger(p) for p, _ in failed):
             raise LedgerIntegrityError(f"refusing to load {self.directory}: {failed[0][1]} "
