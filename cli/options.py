@@ -225,7 +225,10 @@ def add_access_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--access-control", choices=ACCESS, default="auto",
                     help="per-user tokens for /predict and /recommend (HMAC under "
                     "$SKETCHREC_USER_TOKEN_KEY; the admin token acts as the backend): 'auto' turns "
-                    "them on in every privacy mode")
+                    "them on in every privacy mode and on a --listen/--serve address that is not loopback")
+    ap.add_argument("--open", dest="access_control", action="store_const", const="off",
+                    help="no credential for /predict and /recommend even on a non-loopback address "
+                    "(same as --access-control off)")
 
 
 def parse_range(text: str) -> tuple[float, float]:

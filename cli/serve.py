@@ -1,5 +1,10 @@
 """`sketchrec serve`: the newest checkpoint served read-only, and what every serving command
-shares: starting the HTTP server and stopping on SIGINT/SIGTERM."""
+shares: starting the HTTP server and stopping on SIGINT/SIGTERM.
+
+Every serving command listens the same way (``start_server``): on an address that is not
+loopback, /predict and /recommend need a credential unless ``--open`` (said in one start-up line);
+a busy port is one line and exit code 2; SIGINT/SIGTERM while the serving workers start ends the
+command quietly."""
 
 from __future__ import annotations
 
@@ -30,25 +35,47 @@ def on_stop_signal(action: Callable[[], None]) -> None:
 def start_server(service, serving: ServingSettings, reload_every: float | None = None):
     """The live endpoint over ``service``, listening on ``serving.listen`` = (host, port): with
     ``serving.workers`` > 1 (and a model that can be shared), that many reader processes over the
-    model in shared memory (``stream.serving.workers``), else a server thread in this process."""
+    model in shared memory (``stream.serving.workers``), else a server thread in this process.
+    SystemExit(2) with one line when the address cannot be bound; SystemExit(0) on SIGINT/SIGTERM
+    while the workers start (they are stopped)."""
+    from sketchrec.stream.serving.http import access_for, loopback
+    from sketchrec.stream.serving.server import PortInUse
+    host = serving.listen[0]
+    access = access_for(serving.access, host)
+    try:
+        server = _start(service, serving, access, reload_every)
+    except PortInUse as exc:
+        print(f"sketchrec: {exc.strerror} (stop the process using it, or choose another --listen/--serve port)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("sketchrec: stopped while the serving workers started", file=sys.stderr, flush=True)
+        raise SystemExit(0) from None
+    if access is False and not loopback(host):
+        print(f"sketchrec: --open: /predict and /recommend answer anyone who reaches {host} about any "
+              "user (no credential needed)", file=sys.stderr, flush=True)
+    return server
+
+
+def _start(service, serving: ServingSettings, access, reload_every: float | None):
     from sketchrec.stream.serving.http import create_app
-    from sketchrec.stream.serving.server import ServerThread
     from sketchrec.stream.serving.workers.pool import WorkerPool, default_workers, shareable
     workers = serving.workers or default_workers()
     if workers > 1 and shareable(service.recommender):
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # end as on Ctrl-C: workers stopped
             signal.signal(signal.SIGTERM, signal.default_int_handler)
-        pool = WorkerPool(service, serving.listen, workers, serving.admin_token, serving.access,
+        pool = WorkerPool(service, serving.listen, workers, serving.admin_token, access,
                           reload_every=reload_every, nice=serving.worker_nice).start()
         print(f"serving {pool.url} from {workers} worker processes (admin endpoints "
               f"{'enabled' if pool.app.state.admin else 'disabled'}, answered by the learner; "
               f"per-user access control {pool.access_flag})", file=sys.stderr, flush=True)
         return pool
-    app = create_app(service, serving.admin_token, serving.access)
+    app = create_app(service, serving.admin_token, access)
+    server = ServerThread(app, *serving.listen)   # binds now: a busy port is PortInUse
     # until the prediction kernels are compiled, /predict answers 503 at once (not after ~10 s)
     service.health.ready = False
     threading.Thread(target=service.warm_up, daemon=True, name="warm-up").start()
-    server = ServerThread(app, *serving.listen).start()
+    server.start()
     print(f"serving {server.url} (admin endpoints {'enabled' if app.state.admin else 'disabled'}; "
           f"per-user access control {'on' if app.state.user_tokens else 'off'})",
           file=sys.stderr, flush=True)
@@ -95,10 +122,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:  # none, none verifies, or a ledger refused
         print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    try:
-        server = start_server(service, serving, reload_every=args.reload_every)
-    except KeyboardInterrupt:   # SIGINT/SIGTERM while the workers start: they are stopped
-        return 0
+    server = start_server(service, serving, reload_every=args.reload_every)
     if not isinstance(server, ServerThread):   # the worker pool reloads into shared memory itself
         serve_until_interrupted(server)
         return 0

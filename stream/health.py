@@ -1,9 +1,12 @@
 """What /healthz and /stats say about the service's readiness, its broker and its checkpoints, and
 the one-line structured log events the consumer writes.
 
-``Health`` is written by the learning side (the Kafka loop, the warm-up) and read by the HTTP side;
-each field is one reference assignment, so no lock is needed. Ages are in seconds, on the
-monotonic clock.
+``Health`` is written by the learning side (the Kafka loop, the warm-up, the checkpoints) and read
+by the HTTP side; each field is one reference assignment, so no lock is needed. Ages are in
+seconds, on the monotonic clock. Healthy means progressing: the model is ready, the loop polled
+lately, a broker answered lately, the consumer's lag is not growing while nothing is learned,
+and the last checkpoint attempt succeeded. A reader process adds the learner's heartbeat age
+(``stream.serving.workers.reader``).
 
 >>> h = Health(broker_lost_after=20.0, poll_stale_after=60.0)
 >>> h.problems()
@@ -14,6 +17,8 @@ monotonic clock.
 >>> h.ready = True; h.watch_broker(); h.broker_lost("no broker reachable", since=time.monotonic() - 30)
 >>> h.problems()
 ['broker unreachable for 30 s (no broker reachable)']
+>>> h.polled(True); h.checkpoint_error = "OSError: disk full"; h.problems()
+['last checkpoint failed (OSError: disk full)']
 >>> kv("checkpoint", name="ckpt-000000000001.skc", ratings=10)
 'event=checkpoint name=ckpt-000000000001.skc ratings=10'
 """
@@ -24,6 +29,11 @@ import logging
 import time
 
 log = logging.getLogger("sketchrec.events")
+
+# defaults: a lost broker or a stalled loop shows on /healthz within 10 s of happening
+BROKER_LOST_AFTER = 5.0    # seconds without a broker connection
+POLL_STALE_AFTER = 10.0    # seconds since the learning loop last polled
+STALL_AFTER = 10.0         # seconds of messages waiting with none learned
 
 
 def kv(event: str, **fields) -> str:
@@ -44,8 +54,10 @@ class Health:
 
     A service without a broker (``watch_broker`` never called) is judged on readiness alone."""
 
-    def __init__(self, broker_lost_after: float = 20.0, poll_stale_after: float = 60.0):
+    def __init__(self, broker_lost_after: float = BROKER_LOST_AFTER, poll_stale_after: float = POLL_STALE_AFTER,
+                 stall_after: float = STALL_AFTER):
         self.broker_lost_after, self.poll_stale_after = broker_lost_after, poll_stale_after
+        self.stall_after = stall_after
         self.ready = True               # False while the model warms up (numba compiles)
         self.watching = False           # a broker is part of this service
         self.connected: bool | None = None
@@ -53,6 +65,22 @@ class Health:
         self.last_error: str | None = None
         self.last_poll: float | None = None
         self.checkpoint_error: str | None = None  # the last checkpoint attempt's, if it failed
+        self.behind: int | None = None   # messages the consumer has not read yet (its lag), if known
+        self.stalled_since: float | None = None   # messages waiting, none learned, since then
+        self._progress: tuple[int, int] | None = None   # (ratings learned, lag) at the last report
+
+    def progress(self, learned: int, behind: int | None) -> None:
+        """The learning loop's report after a poll: ratings learned so far and its lag (None:
+        unknown). Messages waiting while no rating is learned and the lag does not shrink (poison
+        set aside shrinks it) is a stall, shown after ``stall_after`` seconds."""
+        last, self.behind = self._progress, behind
+        if behind is None:
+            return
+        self._progress = (learned, behind)
+        if last is None or behind == 0 or learned > last[0] or behind < last[1]:
+            self.stalled_since = None
+        elif self.stalled_since is None:
+            self.stalled_since = time.monotonic()
 
     def watch_broker(self) -> None:
         self.watching, self.last_poll = True, time.monotonic()
@@ -78,6 +106,11 @@ class Health:
             out.append(f"broker unreachable for {now - self.lost_since:.0f} s ({self.last_error})")
         if self.watching and self.last_poll is not None and now - self.last_poll > self.poll_stale_after:
             out.append(f"last poll {now - self.last_poll:.0f} s ago")
+        if self.stalled_since is not None and now - self.stalled_since > self.stall_after:
+            out.append(f"no progress for {now - self.stalled_since:.0f} s while {self.behind} "
+                       "messages wait")
+        if self.checkpoint_error is not None:
+            out.append(f"last checkpoint failed ({self.checkpoint_error})")
         return out
 
     def broker(self) -> dict | None:
@@ -86,7 +119,8 @@ class Health:
             return None
         now = time.monotonic()
         return {"connected": self.connected, "last_poll_age_s": _age(now, self.last_poll),
-                "unreachable_for_s": _age(now, self.lost_since), "last_error": self.last_error}
+                "unreachable_for_s": _age(now, self.lost_since), "last_error": self.last_error,
+                "messages_behind": self.behind}
 
 
 def _age(now: float, then: float | None) -> float | None:

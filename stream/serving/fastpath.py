@@ -32,12 +32,14 @@ from urllib.parse import parse_qsl
 import orjson
 from fastapi import FastAPI
 
+from sketchrec.stream.serving.headers import SECURITY_HEADERS, secured
+
 MAX_ID = 256
 MAX_K = 1000
 
 _VISIBLE = re.compile(r"[!-~]")         # an ASCII visible character: \S for every regex engine
 _PLAIN_K = re.compile(r"[1-9][0-9]{0,3}")
-_JSON = [(b"content-type", b"application/json")]
+_JSON = [(b"content-type", b"application/json")] + SECURITY_HEADERS
 
 
 def parse_query(raw: bytes) -> dict[str, str] | None:
@@ -58,6 +60,16 @@ def plain_k(value: str | None) -> int | None:
     if value is None:
         return 10
     return int(value) if _PLAIN_K.fullmatch(value) and int(value) <= MAX_K else None
+
+
+def public_ranking(items: list[tuple[object, float]]) -> list[tuple[object, float]]:
+    """The ranking a user the model has not seen gets: the items in order, each scored by its
+    position alone (1, 1/2, 1/3, ...), never by the rating counts that ordered them.
+
+    >>> public_ranking([("film", 312.0), ("book", 7.0)])
+    [('film', 1.0), ('book', 0.5)]
+    """
+    return [(item, 1.0 / (rank + 1)) for rank, (item, _) in enumerate(items)]
 
 
 def _header(scope: dict, name: bytes) -> str | None | bool:
@@ -100,6 +112,8 @@ class FastQueries:
         if k is None:
             return None
         items, source = service.recommender.recommend(user, k)
+        if source == "popular":
+            items = public_ranking(items)
         if any(type(item) not in (str, int) for item, _ in items):
             return None  # an id the response model would coerce: the app answers
         return orjson.dumps({"user": user, "items": [{"item": i, "score": s} for i, s in items],
@@ -110,14 +124,18 @@ class ServingApp(FastAPI):
     """The FastAPI app with ``fast`` (a ``FastQueries``) answering what it can before the app's
     own middleware stack (bytes: a 200 JSON body); an exception there leaves the request to the
     app, which answers it (or its 500) as before. Every request's latency goes to ``latency`` (a
-    prometheus Histogram with an ``endpoint`` label: the route's path)."""
+    prometheus Histogram with an ``endpoint`` label: the route's path). Every answer carries the
+    security headers (``secured``)."""
 
     fast: FastQueries | None = None
     latency = None
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or self.latency is None:
+        if scope["type"] != "http":
             await super().__call__(scope, receive, send)
+            return
+        if self.latency is None:
+            await super().__call__(scope, receive, secured(scope, send))
             return
         t0 = time.perf_counter()
         try:
@@ -131,7 +149,7 @@ class ServingApp(FastAPI):
             self.latency.labels(scope["path"]).observe(time.perf_counter() - t0)
             return
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, secured(scope, send))
         finally:
             route = scope.get("route")
             self.latency.labels(getattr(route, "path", "unmatched")).observe(time.perf_counter() - t0)

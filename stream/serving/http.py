@@ -13,6 +13,11 @@ Ids are opaque text: they are hashed, never parsed or evaluated ('5' and 5 are t
 id must hold a non-blank character. /healthz answers 503 with its reasons while the model warms
 up, while the broker has been unreachable too long, or when the last poll is too old
 (``serving.health.Health``); /predict and /recommend answer 503 at once until the model is ready.
+A service listening on an address that is not loopback turns access control on by default (the
+admin token or user tokens are then needed for /predict and /recommend; ``--open`` turns it off),
+and an unknown user's /recommend is the public ranking (positions, never the rating counts).
+Every answer carries a Content-Security-Policy, X-Frame-Options DENY and Referrer-Policy
+no-referrer (``fastpath.secured``); a path with a trailing slash is a JSON 404, not a redirect.
 Every error is JSON, a 422 shows at most ``MAX_ECHO`` characters of a rejected input, and /stats
 names the last checkpoint (name, seq, age), never its filesystem path.
 """
@@ -33,7 +38,7 @@ from sketchrec.privacy.access import UserTokens
 from sketchrec.privacy.release import access_control_default, public_stats
 from sketchrec.privacy.report import central_dp, operator_figures
 from sketchrec.stream.serving.dashboard import dashboard_router
-from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp
+from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp, public_ranking
 from sketchrec.stream.service import LearningService
 
 MAX_ECHO = 80   # characters of a rejected input a 422 shows (never a 100 KB input back)
@@ -106,6 +111,31 @@ def resolve_access(service: LearningService, access) -> UserTokens | None:
         raise ValueError("a joint-DP model is served with per-user access control only")
     if isinstance(access, UserTokens) or access is None or access is False:
         return access or None
+def loopback(host: str | None) -> bool:
+    """Whether ``host`` (an address to listen on) is reachable from this machine only.
+
+    >>> [loopback(h) for h in ("127.0.0.1", "127.3.2.1", "::1", "localhost", "0.0.0.0", "", "10.0.0.5", "::")]
+    [True, True, True, True, False, False, False, False]
+    """
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address((host or "").strip("[]")).is_loopback
+    except ValueError:
+        return False   # a name: it may resolve to any interface
+
+
+def access_for(access, host: str | None):
+    """``access`` as a listener on ``host`` needs it: "auto" becomes True (per-user routes need
+    a credential) on an address that is not loopback; an explicit choice stays.
+
+    >>> access_for("auto", "127.0.0.1"), access_for("auto", "0.0.0.0"), access_for(False, "0.0.0.0")
+    ('auto', True, False)
+    """
+    return True if access == "auto" and host is not None and not loopback(host) else access
+
+
     on = access is True or (access == "auto" and access_control_default(
         service.recommender.model, bool(service.origin.get("perturbed_on_device"))))
     return UserTokens.from_env() if on else None
@@ -140,7 +170,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     control on (see ``resolve_access``)."""
     admin_token = (admin_token or "").strip() or None  # an empty token must never match
     tokens = resolve_access(service, access)
-    app = ServingApp(title="sketchrec", version="0.1.0",
+    app = ServingApp(title="sketchrec", version="0.1.0", redirect_slashes=False,
                      description="Live queries to a recommender that keeps learning from a stream.")
     app.state.service = service
     app.state.user_tokens = tokens   # None: no per-user access control
@@ -205,6 +235,8 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
 
     @app.get("/recommend", response_model=Recommendations,
              summary="Top-k items the user has not rated, best first")
+        if source == "popular":   # a user the model has not seen: positions, not counts
+            items = public_ranking(items)
     def recommend(user: str = Query(..., **ids), k: int = Query(10, ge=1, le=MAX_K),
                   token: str | None = Query(**cred),
                   authorization: str | None = Header(default=None)) -> Recommendations:
@@ -245,11 +277,14 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         return JSONResponse({"status": "ok"})
 
     @app.post("/checkpoint", summary="Write a checkpoint now (admin)")
+            svc.health.checkpoint_error = f"{type(exc).__name__}: {exc.strerror or exc}"   # on /healthz
     def checkpoint(svc: LearningService = Depends(require_admin)) -> dict:
+        svc.health.checkpoint_error = None
+        return written
         if svc.checkpoints is None:
             raise HTTPException(409, "no checkpoint directory configured")
         try:
-            return svc.checkpoint()
+            written = svc.checkpoint()
         except OSError as exc:  # full disk, read-only: the previous checkpoint stays in force
             raise HTTPException(507, f"checkpoint not written: {exc.strerror or exc}") from None
 

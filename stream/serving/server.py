@@ -6,20 +6,44 @@ that cannot be parsed gets a JSON 400, like every other error of the API. Once t
 the objects of start-up (modules, the model, the app) are moved out of the garbage collector's
 reach (``gc.freeze``): a full collection then walks only what requests allocate, instead of
 stalling the event loop for tens of milliseconds over a heap of a million start-up objects.
+A connection whose request head (request line and headers) has not arrived ``HEADER_TIMEOUT_S``
+after it opened, or after its request began, is closed: half-sent requests cannot hold
+connections (uvicorn's keep-alive timeout only covers idle time between requests).
+
+The listening socket is bound before the server starts (``listen``), so a busy port is one
+``PortInUse`` error the commands turn into one line, not a traceback from the server's thread.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import importlib.util
 import json
+import socket
 import sys
 import threading
 import time
 
+from sketchrec.stream.serving.headers import SECURITY_HEADERS
+
 # how long a thread holding the GIL may run before another (the event loop) gets it: 5 ms by
 # default, which a learning thread's Python glue turns into 5 ms waits at the tail of every answer
 SWITCH_INTERVAL_S = 0.0005
+HEADER_TIMEOUT_S = 5.0   # a request's head must arrive within this long
+
+
+class PortInUse(OSError):
+    """The address to listen on is taken (or cannot be bound); its message is one line."""
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: a free one), or ``PortInUse`` saying why not."""
+    try:
+        return socket.create_server((host, port), backlog=backlog)
+    except OSError as exc:
+        why = "already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise PortInUse(exc.errno, f"cannot listen on {host}:{port}: {why}") from None
 
 
 def _json_400(msg: str) -> bytes:
@@ -35,17 +59,48 @@ def _json_400_protocol():
         return _h11_json_400_protocol()
 
     class JSON400HttpTools(HttpToolsProtocol):
+        _head_timer = None   # armed while a request's head is awaited (HEADER_TIMEOUT_S)
+
         def connection_made(self, transport) -> None:
             super().connection_made(CorkedTransport(transport, self.loop))
+            self._await_head()
+
+        def _await_head(self) -> None:
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._head_timed_out)
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._await_head()
+
+        def on_headers_complete(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().connection_lost(exc)
 
         def send_400_response(self, msg: str) -> None:
             body = _json_400(msg)
             self.transport.write(b"".join([
-                STATUS_LINE[400], b"content-type: application/json\r\n",
+                STATUS_LINE[400], b"content-type: application/json\r\n", _SECURITY_LINES,
                 b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]))
             self.transport.close()
 
     return JSON400HttpTools
+
+
+_SECURITY_LINES = b"".join(b"%s: %s\r\n" % pair for pair in SECURITY_HEADERS)
 
 
 class CorkedTransport:
@@ -83,7 +138,7 @@ def _h11_json_400_protocol():
         def send_400_response(self, msg: str) -> None:
             body = _json_400(msg)
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close")]
+                       (b"connection", b"close"), *SECURITY_HEADERS]
             for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
                           h11.Data(data=body), h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
@@ -122,11 +177,14 @@ def uvicorn_server(app, **bind):
 
 
 class ServerThread:
-    """uvicorn serving ``app`` on ``host:port`` (port 0: a free one) from a daemon thread."""
+    """uvicorn serving ``app`` on ``host:port`` (port 0: a free one) from a daemon thread; the
+    port is bound at once (``PortInUse`` if it cannot be)."""
 
     def __init__(self, app, host: str, port: int):
-        self.server = uvicorn_server(app, host=host, port=port)
-        self.thread = threading.Thread(target=self.server.run, daemon=True, name="http")
+        self.sock, self.host = listen(host, port), host
+        self.server = uvicorn_server(app)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True, name="http")
 
     def start(self, timeout: float = 10.0) -> "ServerThread":
         self.thread.start()
@@ -140,12 +198,13 @@ class ServerThread:
 
     @property
     def port(self) -> int:
-        return self.server.servers[0].sockets[0].getsockname()[1]
+        return self.sock.getsockname()[1]
 
     @property
     def url(self) -> str:
-        return f"http://{self.server.config.host}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.sock.close()

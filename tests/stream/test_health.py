@@ -16,6 +16,7 @@ from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.serving.server import ServerThread
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.checkpoint import CheckpointStore
+from sketchrec.stream.health import Health
 
 TOKEN = "s3cret"
 
@@ -143,3 +144,54 @@ def test_a_failed_checkpoint_over_http_is_a_clear_error(serve):
     service.checkpoint = full
     r = client.post("/checkpoint", headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 507 and "No space left" in r.json()["detail"]
+    # ... and /healthz says so until a checkpoint is written again
+    health = client.get("/healthz")
+    assert health.status_code == 503 and "No space left" in health.json()["reasons"][0]
+    del service.checkpoint   # the real one again
+    assert client.post("/checkpoint", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_a_failing_checkpoint_of_the_loop_shows_on_healthz(serve):
+    """Before: a consumer whose checkpoints failed said ok."""
+    client, service, _ = serve()
+    service.health.checkpoint_error = "OSError: [Errno 30] Read-only file system"
+    r = client.get("/healthz")
+    assert r.status_code == 503 and r.json()["reasons"] == [
+        "last checkpoint failed (OSError: [Errno 30] Read-only file system)"]
+
+
+def test_messages_waiting_with_no_progress_is_a_stall():
+    """Progress is ratings learned or a shrinking lag; messages that wait with neither show after
+    ``stall_after`` seconds (and not before), and progress clears it."""
+    health = Health(stall_after=10.0)
+    health.progress(100, 50)
+    health.progress(100, 80)      # the lag grows, nothing learned
+    assert health.problems() == []
+    health.stalled_since -= 11
+    assert health.problems() == ["no progress for 11 s while 80 messages wait"]
+    health.progress(100, 80)      # still nothing: the stall goes on
+    assert len(health.problems()) == 1
+    health.progress(100, 79)      # a poison message set aside: progress
+    assert health.problems() == [] and health.stalled_since is None
+    health.progress(100, 79)
+    health.stalled_since -= 11
+    health.progress(150, 200)     # learning while the lag grows (a burst): progress
+    assert health.problems() == []
+    health.progress(150, 0)
+    health.progress(150, 0)       # caught up, nothing to learn: idle, not stalled
+    assert health.stalled_since is None
+    health.progress(150, None)    # lag unknown: no judgement
+    assert health.problems() == []
+
+
+def test_a_lost_broker_or_a_stalled_loop_shows_within_ten_seconds_by_default():
+    health = Health()
+    health.watch_broker()
+    health.broker_lost("no broker connection", since=time.monotonic() - 9.5)
+    assert any(p.startswith("broker unreachable") for p in health.problems())
+    health.polled(True)
+    health.last_poll -= 9.5
+    assert health.problems() == []            # a slow poll is not yet a stall ...
+    health.last_poll -= 1.0
+    assert [p[:9] for p in health.problems()] == ["last poll"]   # ... but past ten seconds it is
