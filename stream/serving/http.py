@@ -111,6 +111,11 @@ def resolve_access(service: LearningService, access) -> UserTokens | None:
         raise ValueError("a joint-DP model is served with per-user access control only")
     if isinstance(access, UserTokens) or access is None or access is False:
         return access or None
+    on = access is True or (access == "auto" and access_control_default(
+        service.recommender.model, bool(service.origin.get("perturbed_on_device"))))
+    return UserTokens.from_env() if on else None
+
+
 def loopback(host: str | None) -> bool:
     """Whether ``host`` (an address to listen on) is reachable from this machine only.
 
@@ -134,11 +139,6 @@ def access_for(access, host: str | None):
     ('auto', True, False)
     """
     return True if access == "auto" and host is not None and not loopback(host) else access
-
-
-    on = access is True or (access == "auto" and access_control_default(
-        service.recommender.model, bool(service.origin.get("perturbed_on_device"))))
-    return UserTokens.from_env() if on else None
 
 
 def bearer(authorization: str | None) -> str:
@@ -235,13 +235,13 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
 
     @app.get("/recommend", response_model=Recommendations,
              summary="Top-k items the user has not rated, best first")
-        if source == "popular":   # a user the model has not seen: positions, not counts
-            items = public_ranking(items)
     def recommend(user: str = Query(..., **ids), k: int = Query(10, ge=1, le=MAX_K),
                   token: str | None = Query(**cred),
                   authorization: str | None = Header(default=None)) -> Recommendations:
         authorise(user, authorization, token)
         items, source = app.state.service.recommender.recommend(user, k)
+        if source == "popular":   # a user the model has not seen: positions, not counts
+            items = public_ranking(items)
         return Recommendations(user=user, source="ranked" if tokens else source,
                                items=[ScoredItem(item=i, score=s) for i, s in items])
 
@@ -277,16 +277,16 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         return JSONResponse({"status": "ok"})
 
     @app.post("/checkpoint", summary="Write a checkpoint now (admin)")
-            svc.health.checkpoint_error = f"{type(exc).__name__}: {exc.strerror or exc}"   # on /healthz
     def checkpoint(svc: LearningService = Depends(require_admin)) -> dict:
-        svc.health.checkpoint_error = None
-        return written
         if svc.checkpoints is None:
             raise HTTPException(409, "no checkpoint directory configured")
         try:
             written = svc.checkpoint()
         except OSError as exc:  # full disk, read-only: the previous checkpoint stays in force
+            svc.health.checkpoint_error = f"{type(exc).__name__}: {exc.strerror or exc}"   # on /healthz
             raise HTTPException(507, f"checkpoint not written: {exc.strerror or exc}") from None
+        svc.health.checkpoint_error = None
+        return written
 
     @app.post("/pause", summary="Pause learning; queries go on (admin)")
     def pause(svc: LearningService = Depends(require_admin)) -> dict:
