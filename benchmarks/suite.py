@@ -196,6 +196,54 @@ def _markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The results page's generated block (docs/results.md): ``--results PAGE`` replaces what lies between
+# these two lines with the run's report and keeps the rest of the page, which is written by hand.
+RESULTS_BEGIN = "<!-- sketchrec bench: begin -->"
+RESULTS_END = "<!-- sketchrec bench: end -->"
+
+
+def results_block(page_text: str) -> tuple[int, int]:
+    """Where the generated block's content starts and ends in ``page_text``; ValueError, saying
+    what is wrong, unless the page holds the two markers once each and in order."""
+    if page_text.count(RESULTS_BEGIN) != 1 or page_text.count(RESULTS_END) != 1:
+        raise ValueError(f"needs the lines {RESULTS_BEGIN} and {RESULTS_END} once each "
+                         "(the block the benchmark rewrites)")
+    start, end = page_text.index(RESULTS_BEGIN) + len(RESULTS_BEGIN), page_text.index(RESULTS_END)
+    if end < start:
+        raise ValueError(f"{RESULTS_END} comes before {RESULTS_BEGIN}")
+    return start, end
+
+
+def write_results(page: Path, report_md: str) -> None:
+    """Put ``report_md`` (``bench.md``) between the markers of ``page``, one heading level down and
+    without its title; the rest of the page is kept byte for byte. Written to a temporary file and
+    renamed, so an interrupted run leaves the old page.
+
+    >>> import tempfile
+    >>> page = Path(tempfile.mkdtemp()) / "results.md"
+    >>> _ = page.write_text(f"# Results\\n{RESULTS_BEGIN}\\nold\\n{RESULTS_END}\\nkept\\n")
+    >>> write_results(page, "# sketchrec bench\\n\\n## Learners\\n\\n| a |\\n")
+    >>> print(page.read_text())
+    # Results
+    <!-- sketchrec bench: begin -->
+    ### Learners
+    <BLANKLINE>
+    | a |
+    <!-- sketchrec bench: end -->
+    kept
+    <BLANKLINE>
+    """
+    text = page.read_text()
+    start, end = results_block(text)
+    lines = [("#" + line) if line.startswith("#") else line for line in report_md.strip().splitlines()]
+    if lines and lines[0].startswith("## "):
+        lines = lines[1:]          # the report's own title: the page has its heading
+    block = "\n".join(lines).strip()
+    tmp = page.with_name(page.name + ".tmp")
+    tmp.write_text(text[:start] + "\n" + block + "\n" + text[end:])
+    tmp.replace(page)
+
+
 def output_dir(out: Path | None) -> Path:
     """``out`` (created), or without one a new directory under the system's temp directory: a
     run never leaves files in the working directory unless asked to."""
@@ -218,7 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-serving", action="store_true")
     ap.add_argument("--fleet", action="store_true", help="also the fleet benchmark (replay.bench.fleet: "
                     "1 vs 2 learners, delta bytes, produce -> replica lag; a few minutes)")
+    ap.add_argument("--results", type=Path, metavar="PAGE", help="also write the report into PAGE "
+                    f"between the lines {RESULTS_BEGIN} and {RESULTS_END} (docs/results.md), keeping "
+                    "the rest of the page")
     args = ap.parse_args(argv)
+    if args.results is not None:
+        try:
+            results_block(args.results.read_text())
+        except (OSError, ValueError) as exc:   # before minutes of measuring, not after
+            ap.error(f"--results {args.results}: {exc}")
     path = data_file(args.data)
     args.out = output_dir(args.out)
     q = args.quick
@@ -268,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "bench.json").write_text(json.dumps(report, indent=1))
     (args.out / "bench.md").write_text(_markdown(report))
     print(f"wrote {args.out}/bench.json, bench.md, memory.png in {report['seconds']:.0f} s")
+    if args.results is not None:
+        write_results(args.results, _markdown(report))
+        print(f"wrote the benchmark block of {args.results}")
     if args.json:
         print(json.dumps(report))
     return 0
