@@ -45,6 +45,7 @@ from sketchrec.stream.fleet import snapshots
 from sketchrec.stream.kafka.consumer import KafkaLearner, kafka_config
 from sketchrec.stream.fleet.model_topic import (HEADER, MAX_MESSAGE_BYTES, FleetState, Fenced,
                                                 ModelFeed, encode_meta)
+from sketchrec.stream.kafka.intake import finite_errors
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.health import log_event
 from sketchrec.stream.recommender import Recommender
@@ -187,7 +188,7 @@ class FleetLearner(KafkaLearner):
     # --- where state goes ------------------------------------------------------------------------
     def _record(self, skipped, predictions=None, truth=None) -> None:
         if predictions is not None:
-            self.errors.add(predictions, truth)
+            self.errors.add(*finite_errors(predictions, truth))
         self.skipped_since.update(skipped)
         self.dead_letters.update(skipped)
 

@@ -28,12 +28,11 @@ import threading
 import time
 from collections import Counter
 
-import numpy as np
-
 from sketchrec.stream.checkpoint import CheckpointStore, LedgerIntegrityError
 from sketchrec.stream.kafka import fast_records
 from sketchrec.stream.kafka import codecs as codec_errors
-from sketchrec.stream.kafka.messages import Parsed, dead_letter, parse_fast, parse_message
+from sketchrec.stream.kafka.intake import finite_errors, read_poll
+from sketchrec.stream.kafka.messages import dead_letter
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.health import log_event
 from sketchrec.stream.serving.server import freeze_startup
@@ -223,12 +222,11 @@ class KafkaLearner:
 
     def _watch(self) -> None:
         """After each poll: is any broker connection up? Logs when that changes."""
-        was = self.health.connected
+        was, since = self.health.connected, self.health.lost_since   # polled() clears it
         connected = _broker_connected(self.consumer)
         self.health.polled(connected)
         if connected and was is False:
-            log_event("connect", after_s=round(time.monotonic() - (self.health.lost_since or
-                                                                    time.monotonic()), 1))
+            log_event("connect", after_s=round(time.monotonic() - since, 1) if since else "-")
         elif not connected and was is not False:
             log_event("lose", logging.WARNING, error=self.health.last_error)
 
@@ -241,15 +239,15 @@ class KafkaLearner:
         time.sleep(0.5)
 
     def _learn(self, records: dict) -> None:
-        parts: list[tuple] = []   # (users, items, ratings): arrays (fast form) or tuples, in order
-        skipped: Counter = Counter()
-        offsets, fast = {}, 0
-        for tp, messages in records.items():
-            fast += self._parse_all(tp, messages, parts, skipped)
-            offsets[tp.partition] = messages[-1].offset + 1
-        if fast:
-            self.service.record_origin(None, fast)
-        users, items, ratings = _columns(parts)
+        """Learn a poll: its messages read (``kafka.intake``: every rejection named, never a
+        raise), the rejected dead-lettered, the rest learned in one batch, the offsets stored."""
+        poll = read_poll(records, self.rating_range, self.service.record_origin)
+        for bad in poll.rejected:
+            self._dead_letter(dead_letter(bad.tp.topic, bad.tp.partition, bad.message.offset,
+                                          bad.index, bad.reason, bad.text, bad.message.value))
+        if poll.fast:
+            self.service.record_origin(None, poll.fast)
+        skipped, ratings = poll.skipped, poll.ratings
         if len(ratings) and self.service.budget_stopped:
             skipped["privacy budget spent"] += len(ratings)  # serving goes on; learning does not
             ratings = ratings[:0]
@@ -257,38 +255,11 @@ class KafkaLearner:
             if self.stop.is_set():
                 return  # nothing stored: these messages are consumed again after the restart
         if len(ratings):
-            predictions = self.service.recommender.learn_many(users, items, ratings)
+            predictions = self.service.recommender.learn_many(poll.users, poll.items, ratings)
             self._record(skipped, predictions, ratings)
         else:
             self._record(skipped)
-        self.book.store(offsets, len(ratings) + sum(skipped.values()))
-
-    def _parse_all(self, tp, messages: list, parts: list, skipped: Counter) -> int:
-        """Append the messages' ratings to ``parts`` in order, dead-letter what they reject;
-        the ratings read in the fast form (``messages.parse_fast``: one compiled pass; messages
-        with headers carry an origin to count and go one by one)."""
-        if any(msg.headers for msg in messages):
-            counts = np.full(len(messages), -1)
-        else:
-            *columns, counts = parse_fast([msg.value for msg in messages], self.rating_range)
-            if counts.min() >= 0:   # the usual case: all of them
-                parts.append(tuple(columns))
-                return len(columns[2])
-        starts = np.cumsum(np.maximum(counts, 0)) - np.maximum(counts, 0)
-        fast = 0
-        for msg, at, n in zip(messages, starts.tolist(), counts.tolist()):
-            if n >= 0:
-                parts.append(tuple(col[at:at + n] for col in columns))
-                fast += n
-                continue
-            parsed = self._parse(msg)
-            for index, reason, text in parsed.rejected:
-                skipped[reason] += 1
-                self._dead_letter(dead_letter(tp.topic, tp.partition, msg.offset, index, reason,
-                                              text, msg.value))
-            if parsed.ratings:
-                parts.append(tuple(zip(*parsed.ratings))[:3])
-        return fast
+        self.book.store(poll.offsets, len(ratings) + sum(skipped.values()))
 
     def _set_aside(self, batch: codec_errors.UnreadableBatch) -> None:
         """A batch whose codec cannot be read: counted, dead-lettered whole, stepped over."""
@@ -299,18 +270,9 @@ class KafkaLearner:
     def _record(self, skipped: Counter | dict, predictions=None, truth=None) -> None:
         """Count a batch's skipped ratings and prequential errors into the checkpointed state."""
         if predictions is not None:
-            self.service.errors.add(predictions, truth)
+            self.service.errors.add(*finite_errors(predictions, truth))
         self.service.record_skipped(skipped)
         self.dead_letters.update(skipped)
-
-    def _parse(self, msg) -> Parsed:
-        """The message's ratings; whatever goes wrong is that message's rejection, never a crash."""
-        parsed = parse_message(msg.value, self.rating_range)
-        try:
-            self.service.record_origin(msg.headers, len(parsed.ratings))
-        except Exception as exc:  # noqa: BLE001 - a poison header is that message's fault only
-            return Parsed(rejected=[(0, f"bad headers ({type(exc).__name__})", "")])
-        return parsed
 
     def _dead_letter(self, letter: bytes) -> None:
         try:
@@ -365,28 +327,6 @@ def _broker_connected(consumer) -> bool:
         return any(c.connected for c in list(consumer._client._manager._conns.values()))
     except AttributeError:
         return True
-
-
-def _columns(parts: list[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """users, items, ratings of a poll's parts (fast-form arrays and parsed tuples, in order);
-    ids as ``_ids`` makes them (int64 unless some id is not an int)."""
-    if not parts:
-        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
-    ratings = np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts])
-    if all(isinstance(p[0], np.ndarray) for p in parts):
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), ratings
-    ids = [[v for p in parts for v in (p[n].tolist() if isinstance(p[n], np.ndarray) else p[n])]
-           for n in (0, 1)]
-    return _ids(ids[0]), _ids(ids[1]), ratings
-
-
-def _ids(values: list) -> np.ndarray:
-    if all(type(v) is int for v in values):
-        try:
-            return np.asarray(values, dtype=np.int64)
-        except OverflowError:  # wider than int64: ids are opaque text
-            pass
-    return np.asarray([str(v) for v in values], dtype=object)
 
 
 def resume_or_create(checkpoint_dir, make_model, *, pair_capacity: int,

@@ -16,6 +16,9 @@ stop the consumer, or stop it again on every restart).
 [('18446744073709551616', 1, 4.0, 0)]
 >>> parse_message(b"[" * 5000 + b"]" * 5000).rejected[0][1]
 'JSON nested too deep'
+>>> parsed = parse_message(b'[{"user": "\\\\ud800", "item": 1, "rating": 3}, {"user": 2, "item": 1, "rating": 3}]')
+>>> parsed.ratings, parsed.rejected[0][:2]
+([(2, 1, 3.0, 0)], (0, 'id not valid Unicode (lone surrogate)'))
 >>> encode_batch([("a,9", 1, 4.0, 0)])  # an id a CSV line cannot hold goes as JSON
 b'[{"user": "a,9", "item": 1, "rating": 4.0, "timestamp": 0}]'
 """
@@ -30,6 +33,7 @@ import numpy as np
 from numba import njit
 
 from sketchrec.data import MAX_ID_LENGTH, parse_line
+from sketchrec.sketches.hashing import key_of
 
 MAX_MESSAGE_BYTES = 8 << 20
 _INT64 = range(-(1 << 63), 1 << 63)
@@ -54,6 +58,22 @@ def _json_id(value, what: str):
         raise ValueError("oversized id")
     # an integer id wider than int64 is kept as its text, as a CSV line's long digit id is
     return text if isinstance(value, int) and value not in _INT64 else value
+
+
+def _check_id(value) -> None:
+    """An id must be text the whole system can carry (UTF-8: dead letters, /recommend answers,
+    checkpoints) and one the learner can hash: checked here, per rating, so that an id that fails
+    is that rating's rejection and never an error in the learner's batch (which would stop
+    learning on every restart)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("id not valid Unicode (lone surrogate)") from None
+    try:
+        key_of(value)
+    except Exception as exc:  # noqa: BLE001 - whatever the hashing refuses
+        raise ValueError(f"unhashable id ({type(exc).__name__})") from None
 
 
 def _json_rating(obj) -> tuple:
@@ -140,8 +160,13 @@ def _json_preview(obj) -> str:
 def _keep(out: Parsed, n: int, parse, text: str, rating_range) -> None:
     try:
         rating = parse()
+        _check_id(rating[0])
+        _check_id(rating[1])
     except ValueError as exc:
         out.rejected.append((n, str(exc), text))
+        return
+    except Exception as exc:  # noqa: BLE001 - one rating's fault: the batch's others are kept
+        out.rejected.append((n, f"unparseable rating ({type(exc).__name__})", text))
         return
     if rating_range is not None and not rating_range[0] <= rating[2] <= rating_range[1]:
         out.rejected.append((n, "rating out of range", text))

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sketchrec.stream.kafka.consumer import _columns
+from sketchrec.stream.kafka.intake import columns as _columns
 from sketchrec.stream.kafka.messages import parse_fast, parse_message
 
 # pieces of lines: mostly well formed, with the edge cases of each field mixed in
