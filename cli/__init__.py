@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "produce": ("publish a ratings file to a Kafka topic", "produce", "produce_main"),
     "fetch": ("download a public ratings data set (MovieLens) by name, check and cache it",
               "fetch", "fetch_main"),
+    "modes": ("what runs with what: model kinds against privacy modes, inputs and serving modes "
+              "(--json, --markdown)", "modes", "modes_main"),
     "bench": ("throughput, memory, serving and Kafka benchmarks against river and Vowpal Wabbit",
               "bench", "bench_main"),
 }

@@ -10,8 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sketchrec.models.capabilities import DEFAULT_KIND, KINDS, PRIVATE_KIND, Ask, refusals
 from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS
-from sketchrec.cli.options import ACCESS, parse_host_port
+from sketchrec.cli.options import ACCESS, Refused, parse_host_port, refuse
+from sketchrec.privacy.mode import PrivacyMode
+
+
+def check(prog: str, ask: Ask) -> None:
+    """Refuse ``ask`` if the capability table does (``models.capabilities``)."""
+    lines = refusals(ask)
+    if lines:
+        refuse(prog, lines)
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,34 @@ class DPSettings:
         if self.model == "sgd" or not holdout or self.target is None:
             return False
         return self.model == "joint" or self.unit == "user"
+
+    def problems(self, holdout: bool) -> list[str]:
+        """Options that do not fit together (one line each)."""
+        lines = []
+        if self.model == "joint" and self.enabled and self.target is None:
+            lines.append("the joint-DP mode is calibrated to a finite --dp-epsilon; give --dp-epsilon "
+                         "E, or --dp-model sgd with --dp-noise / --sgld-dp")
+        if (self.enabled and self.unit == "user" and not self.user_cap
+                and self.mode(holdout) is PrivacyMode.DP_SGD_USER):
+            lines.append("--dp-unit user with DP-SGD needs --dp-user-cap M (the ratings kept per "
+                         "user); give it, or use the joint-DP mode (--holdout F --dp-epsilon E)")
+        return lines
+
+    def mode(self, holdout: bool, ldp: bool = False, sgld: float | None = None,
+             clip_loss: float | None = None) -> PrivacyMode:
+        """The privacy mode these options ask for (``privacy.mode.PrivacyMode``)."""
+        user = self.unit == "user"
+        if self.enabled and (self.joint(holdout) or self.model == "joint" and not holdout):
+            return PrivacyMode.JOINT_USER if user else PrivacyMode.JOINT_RATING
+        if self.sgld_temperature is not None:
+            return PrivacyMode.SGLD_DP
+        if self.enabled:
+            return PrivacyMode.DP_SGD_USER if user else PrivacyMode.DP_SGD_RATING
+        if ldp:
+            return PrivacyMode.LDP
+        if clip_loss is not None:
+            return PrivacyMode.CLIP_LOSS
+        return PrivacyMode.SGLD if sgld else PrivacyMode.NONE
 
     @property
     def enabled(self) -> bool:
@@ -79,9 +116,11 @@ class DPSettings:
 @dataclass(frozen=True)
 class ModelSettings:
     """The learner: its kind (mix, sketch, dense, river, bias) and hyper-parameters, DP defaults
-    resolved. No --model: the combination ``mix`` (``models.experts``), except in the privacy
-    modes (DP-SGD, SGLD, loss clipping), which use one learner, the sketch with plain SGD, and
-    when --lr, --reg or --optimizer is given (they set one learner: the sketch)."""
+    resolved. No --model: every command's default, the combination ``mix`` (``models.mix``),
+    except in the privacy modes (DP-SGD, SGLD, loss clipping) and a fleet, which use one learner,
+    the sketch with plain SGD, and when --lr, --reg, --optimizer or --implicit is given (they set
+    one learner: the sketch). Whether a kind runs with the rest is the capability table's call
+    (``models.capabilities``)."""
 
     kind: str
     dim: int
@@ -101,7 +140,8 @@ class ModelSettings:
     implicit: int = 0
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, private: bool) -> "ModelSettings":
+    def from_args(cls, args: argparse.Namespace, private: bool, prog: str = "replay",
+                  fleet: bool = False) -> "ModelSettings":
         optimizer = args.optimizer or "sgd"
         tuned = DP_DEFAULTS if private else DEFAULTS if optimizer == "sgd" else ADAGRAD_DEFAULTS
 
@@ -111,12 +151,10 @@ class ModelSettings:
 
         # --lr, --reg or --optimizer set ONE learner: given without --model they ask for one
         one = any(v is not None for v in (args.lr, args.reg, args.optimizer, args.implicit))
-        kind = args.model or ("sketch" if private or one or args.sgld is not None
-                              or args.clip_loss is not None else "mix")
-        if kind == "mix" and one:
-            raise SystemExit("replay: --lr, --reg, --optimizer and --implicit set one learner; the "
-                             "combination (--model mix) tunes its members itself: give --model "
-                             "sketch with them")
+        kind = args.model or (PRIVATE_KIND if private or one or fleet or args.sgld is not None
+                              or args.clip_loss is not None else DEFAULT_KIND)
+        if kind == "mix" and one:   # the table's line: --lr and --reg are no column of their own
+            refuse(prog, [KINDS["mix"].cell("optimizer", "sgd").line()])
         return cls(kind, given("dim"), given("lr"), given("reg"), args.depth, args.width,
                    args.space_gain, args.heavy_fraction, args.light_dim, args.bias_reg, args.init_std,
                    args.sgld, args.clip_loss, args.seed, optimizer, args.implicit or 0)
@@ -140,8 +178,8 @@ class ModelSettings:
             from sketchrec.models import SketchMF
             return SketchMF(dp=dp, optimizer=self.optimizer, implicit=self.implicit, **sketch,
                             **common, **extra)
-        except ValueError as exc:
-            raise SystemExit(f"{prog}: {exc}") from exc
+        except ValueError as exc:   # the model's own checks of its settings, one line each
+            refuse(prog, [str(exc)])
 
     def _build_mix(self, capacity: int, sketch: dict):
         """The bias baseline, or the combination with the sketch's shape options (those given)
@@ -206,6 +244,12 @@ class ServingSettings:
     workers: int | None = None              # --workers; None: one per core
     worker_nice: int = 0                    # --worker-nice
 
+    @property
+    def explicit_workers(self) -> str | None:
+        """"workers" when --workers N > 1 was given with --serve (the table may refuse it; the
+        default, one per core, falls back to one process with a logged line instead)."""
+        return "workers" if self.listen and self.workers and self.workers > 1 else None
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServingSettings":
         return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token,
@@ -225,24 +269,17 @@ class EvaluationSettings:
     noise: float = 0.5
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "EvaluationSettings":
+    def from_args(cls, args: argparse.Namespace, prog: str = "replay") -> "EvaluationSettings":
         settings = cls(args.window, Path(args.plot) if args.plot else None, args.topn,
                        args.change_point, args.synthetic_taste, args.synthetic_noise)
         asked = [flag for flag, value in (("--window", args.window), ("--plot", args.plot),
                                           ("--topn", args.topn)) if value is not None]
         if asked and args.holdout is not None:
-            raise SystemExit(f"replay: {asked[0]} belongs to the prequential protocol (no --holdout)")
-        if args.topn is not None and args.model == "river":   # its predictions create state
-            raise SystemExit("replay: --topn needs a model that scores without learning (sketch or "
-                             "dense): river's predict_one draws start vectors for unknown ids")
-        if args.topn is not None and any(v is not None for v in (args.dp_epsilon, args.dp_noise,
-                                                                 args.sgld_dp)):
-            raise SystemExit("replay: --topn cuts the stream's batches at its events, which would "
-                             "move DP-SGD's noisy steps: measure top-N without DP")
+            refuse(prog, [f"{asked[0]} belongs to the prequential protocol; leave out --holdout"])
         given = [flag for flag, value in (("--change-point", args.change_point),
                                           ("--synthetic-taste", args.synthetic_taste)) if value is not None]
         if given and args.path:
-            raise SystemExit(f"replay: {given[0]} is a property of the synthetic stream (no PATH)")
+            refuse(prog, [f"{given[0]} is a property of the synthetic stream; leave out PATH"])
         return settings
 
 
@@ -275,13 +312,38 @@ class ReplayConfig:
     sep: str | None = None        # --sep; None: told from the first line
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "ReplayConfig":
+    def from_args(cls, args: argparse.Namespace, prog: str = "replay") -> "ReplayConfig":
         dp = DPSettings.from_args(args)
+        holdout = args.holdout is not None
+        mode = dp.mode(holdout, args.ldp_epsilon is not None or args.ldp_debias, args.sgld,
+                       args.clip_loss)
+        model = ModelSettings.from_args(args, dp.enabled, prog)
+        evaluation = EvaluationSettings.from_args(args, prog)
+        if dp.problems(holdout):
+            refuse(prog, dp.problems(holdout))
+        serving = ServingSettings.from_args(args)
+        listen = ("joint-read-only" if mode in JOINT else "thread") if args.serve else None
+        check(prog, Ask(
+            "joint" if mode in JOINT and args.model is None else model.kind, mode, args.optimizer,
+            "file" if args.path else "synthetic", "holdout" if holdout else "prequential",
+            tuple(s for s in (listen, serving.explicit_workers) if s),
+            features_of(args, model)))
         return cls(args.path, args.order, args.speed, args.quiet, args.json, args.holdout,
                    args.epochs, args.seed, args.batch_size, args.audit_canaries, args.ldp_epsilon,
                    args.ldp_range, args.ldp_debias,
                    (args.synthetic_ratings, args.synthetic_users, args.synthetic_items),
-                   args.rating_range, ModelSettings.from_args(args, dp.enabled), dp, MonitorSettings.from_args(args),
-                   ServingSettings.from_args(args), args.capacity,
-                   EvaluationSettings.from_args(args))
+                   args.rating_range, model, dp, MonitorSettings.from_args(args),
+                   serving, args.capacity, evaluation)
+
+
+JOINT = (PrivacyMode.JOINT_RATING, PrivacyMode.JOINT_USER)
+
+
+def features_of(args: argparse.Namespace, model: ModelSettings) -> frozenset[str]:
+    """The table's features (and the learner features a privacy mode may forbid) asked for."""
+    asked = {"checkpoint": getattr(args, "checkpoint", None), "implicit": model.implicit,
+             "canaries": getattr(args, "audit_canaries", 0), "topn": getattr(args, "topn", None),
+             "heavy_slots": args.heavy_fraction, "light_dim": args.light_dim is not None
+             and args.light_dim != model.dim}
+    return frozenset(name for name, value in asked.items() if value)
 

@@ -7,15 +7,17 @@ import json
 import sys
 from dataclasses import dataclass
 
-from sketchrec.cli.config import DPSettings, ModelSettings, MonitorSettings, ServingSettings
-from sketchrec.cli.options import add_model_args, add_monitor_args, add_serving_args
+from sketchrec.cli.config import (JOINT, DPSettings, ModelSettings, MonitorSettings, ServingSettings,
+                                  check, features_of, refuse)
+from sketchrec.cli.options import Parser, add_model_args, add_model_kind_arg, add_monitor_args, add_serving_args
+from sketchrec.models.capabilities import Ask
 from sketchrec.cli.serve import on_stop_signal, start_server
 
 PROG = "sketchrec consume"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description="Learn from a Kafka topic of "
+    ap = Parser(prog=PROG, description="Learn from a Kafka topic of "
                                  "ratings, with exactly-once-in-state checkpoints (see README).")
     ap.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
     ap.add_argument("--topic", required=True)
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--expected-ratings", type=int, default=10_000_000,
                     help="sizes the Bloom filter of seen (user, item) pairs")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--model", choices=("sketch", "dense", "mix", "bias"), default="sketch")
+    add_model_kind_arg(ap, ("mix", "sketch", "dense", "river", "bias"))
     add_model_args(ap)
     add_monitor_args(ap)
     add_serving_args(ap)
@@ -90,24 +92,31 @@ class ConsumeConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, ap: argparse.ArgumentParser) -> "ConsumeConfig":
+        dp = DPSettings.from_args(args)
+        model = ModelSettings.from_args(args, dp.enabled, PROG, fleet=args.fleet)
+        mode = dp.mode(False, args.ldp_debias, args.sgld, args.clip_loss)
+        serving = ServingSettings.from_args(args)
+        # the capability table first: a combination that cannot run is refused before the options
+        joint = mode in JOINT and args.model is None   # asked by --dp-model joint
+        check(PROG, Ask("joint" if joint else model.kind, mode, args.optimizer, "fleet" if args.fleet else "kafka", None,
+                        tuple(s for s in ("thread" if args.serve else None, serving.explicit_workers) if s),
+                        features_of(args, model) - {"checkpoint"}))
+        if dp.problems(False):
+            refuse(PROG, dp.problems(False))
         fleet = FleetSettings.from_args(args, ap)
         if args.checkpoint is None and fleet is None:
-            ap.error("--checkpoint DIR is required: it holds the model state and the offsets together "
-                     "(or --fleet with --group: the model topic holds them)")
+            refuse(PROG, ["--checkpoint DIR is required: it holds the model state and the offsets "
+                          "together; give it (or --fleet with --group: the model topic holds them)"])
         try:
             rating_range = (None if args.rating_range == "none"
                             else tuple(float(x) for x in args.rating_range.split(",", 1)))
         except ValueError:
-            ap.error("--rating-range takes L,U or 'none'")
-        dp = DPSettings.from_args(args)
-        if dp.enabled and args.model != "sketch":
-            ap.error("DP-SGD is implemented for the sketch model (--model sketch)")
+            refuse(PROG, ["--rating-range takes L,U or 'none'; e.g. --rating-range 0.5,5"])
         return cls(args.bootstrap, args.topic, args.group, args.dead_topic, rating_range,
                    args.checkpoint_every, args.checkpoint_seconds, args.exit_when_idle,
                    args.broker_lost_after, args.capacity,
                    args.expected_ratings, args.ldp_debias, args.reset_checkpoints, fleet,
-                   ModelSettings.from_args(args, dp.enabled), dp,
-                   MonitorSettings.from_args(args), ServingSettings.from_args(args))
+                   model, dp, MonitorSettings.from_args(args), serving)
 
 
 @dataclass(frozen=True)
@@ -124,21 +133,18 @@ class FleetSettings:
         from sketchrec.stream.fleet.model_topic import model_topic
         if not args.fleet:
             if args.model_topic:
-                ap.error("--model-topic is for --fleet")
+                refuse(PROG, ["--model-topic is for --fleet; give --fleet with it, or leave it out"])
             return None
         if not args.group:
-            ap.error("--fleet needs --group: the group spreads the partitions over the members")
+            refuse(PROG, ["--fleet needs --group: the group spreads the partitions over the members; "
+                          "give --group G"])
         if args.checkpoint is not None:
-            ap.error("--fleet keeps its state in the model topic and its snapshots, not in --checkpoint")
-        if DPSettings.from_args(args).enabled or args.ldp_debias:
-            ap.error("privacy modes (--dp-*, --ldp-debias) do not run as a fleet yet: one ledger "
-                     "needs one learner; run one `consume --checkpoint DIR` process")
-        if args.implicit:
-            ap.error("--implicit does not run as a fleet: members exchange the sketch's cells, "
-                     "not the users' histories")
+            refuse(PROG, ["--fleet keeps its state in the model topic and its snapshots, not in "
+                          "--checkpoint; leave --checkpoint out"])
         given = [args.sync_ratings] if args.sync_ratings is not None else []
         if min(args.sync_ms, args.snapshot_seconds, *given) <= 0:
-            ap.error("--sync-ms, --sync-ratings and --snapshot-seconds must be positive")
+            refuse(PROG, ["--sync-ms, --sync-ratings and --snapshot-seconds must be positive; give "
+                          "numbers above 0"])
         return cls(model_topic(args.topic, args.model_topic), args.sync_ms, args.snapshot_seconds,
                    args.sync_ratings)
 
@@ -219,7 +225,8 @@ def consume_main(argv: list[str] | None = None) -> int:
           f"ratings, offsets {service.offsets}", file=sys.stderr, flush=True)
     learner.run(idle_exit=config.exit_when_idle)
     stats = service.stats()
-    print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "checkpoint",
+    print(json.dumps({"model": config.model.kind,
+                      **{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "checkpoint",
                                                "prequential_rmse")}, "privacy": service.privacy()},
                      default=float), flush=True)
     if server is not None:

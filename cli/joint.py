@@ -12,22 +12,24 @@ import time
 from typing import TYPE_CHECKING
 
 from sketchrec.data import Ratings
-from sketchrec.cli.config import ReplayConfig
+from sketchrec.cli.config import ReplayConfig, refuse
 
 if TYPE_CHECKING:
     from sketchrec.stream.serving.joint import JointService
 
 
-def check_joint(config: ReplayConfig) -> None:
-    """The joint mode trains in one batch and is served read-only with per-user access control:
-    refuse what it cannot honour."""
-    unsupported = {"--access-control off": config.serving.listen and config.serving.access is False,
-                   "--audit-canaries": config.audit_canaries, "--ldp-epsilon": config.ldp_epsilon,
-                   "--model dense/river": config.model.kind != "sketch"}
-    given = [name for name, value in unsupported.items() if value]
-    if given:
-        raise SystemExit(f"replay: the joint-DP mode (--dp-model joint) does not take {', '.join(given)}; "
-                         "use --dp-model sgd")
+def check_joint(config: ReplayConfig, prog: str = "replay") -> None:
+    """What the capability table cannot see (the kind, canaries, serving and protocol it checks in
+    ``ReplayConfig.from_args``): per-user access control, and LDP beside the joint mode."""
+    lines = []
+    if config.serving.listen and config.serving.access is False:
+        lines.append("the joint-DP model is served with per-user access control only; leave "
+                     "--access-control at auto or on")
+    if config.ldp_epsilon is not None:
+        lines.append("the joint-DP mode (--dp-model joint) does not take --ldp-epsilon (one privacy "
+                     "mode per run); use --dp-model sgd")
+    if lines:
+        refuse(prog, lines)
 
 
 def run_joint(config: ReplayConfig, data: Ratings, source_name: str, path,

@@ -8,17 +8,39 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
-from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS
+from sketchrec.models.capabilities import DEFAULT_KIND, KINDS, PRIVATE_KIND
+from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS, MIX_FACTOR_MEMBER
 from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
 from sketchrec.privacy.admin_token import add_admin_token_args
 
 
+class Refused(SystemExit):
+    """A refused command: exit status 2, its one line (``PROG: why; what works instead``) already
+    printed to stderr; ``str()`` is that line."""
+
+    def __init__(self, line: str):
+        super().__init__(2)
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def refuse(prog: str, lines: list[str]) -> NoReturn:
+    """End the command with the first of ``lines``: one line on stderr, exit status 2. Every
+    refusal of the commands ends this way (the capability table's, and the options')."""
+    line = f"{prog}: {lines[0]}"
+    print(line, file=sys.stderr, flush=True)
+    raise Refused(line)
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line, ``PROG: ...`` (no usage block): SystemExit
-    with the message, as every other check of the commands ends (printed to stderr, exit 1)."""
+    """An ArgumentParser whose errors are one line, ``PROG: ...`` (no usage block), exit 2, as
+    every other refusal of the commands (``refuse``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -26,7 +48,7 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?(,\S*)?$")
 
     def error(self, message: str):
-        raise SystemExit(f"{self.prog}: {message} (see --help)")
+        refuse(self.prog, [f"{message} (see --help)"])
 
 
 def _number(kind: type, test: Callable[[float], bool], domain: str) -> Callable[[str], float]:
@@ -93,6 +115,16 @@ def rating_range(text: str) -> tuple[float, float] | str:
     return "none" if text.strip().lower() == "none" else value_range(text)
 
 
+def add_model_kind_arg(ap: argparse.ArgumentParser, kinds: tuple[str, ...]) -> None:
+    """--model, the same default in every command (the capability table's ``DEFAULT_KIND``),
+    each kind described by the table."""
+    described = "; ".join(f"{k}: {KINDS[k].summary}" for k in kinds)
+    ap.add_argument("--model", choices=kinds, help=f"the learner (default {DEFAULT_KIND}; the "
+                    f"privacy modes, a fleet, and --lr/--reg/--optimizer/--implicit use one "
+                    f"learner, {PRIVATE_KIND}). {described}. `sketchrec modes` shows what each "
+                    "runs with")
+
+
 def add_model_args(ap: argparse.ArgumentParser) -> None:
     """The learner's options, shared by replay and consume (DP-SGD's among them)."""
     ap.add_argument("--dim", type=positive_int, help=f"latent dimension d (default {DEFAULTS['dim']}; "
@@ -116,10 +148,16 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     "with DP-SGD and SGLD); 'adagrad' per-coordinate AdaGrad (sums in a count-min "
                     "sketch beside the vectors: twice their memory); 'adagrad-id' one AdaGrad sum "
                     "per id (a count-min the size of the bias sketch; as fast as SGD)")
-    ap.add_argument("--lr", type=positive_float, help=f"learning rate eta (default {DEFAULTS['lr']}; "
-                    f"{ADAGRAD_DEFAULTS['lr']} with --optimizer adagrad; {DP_DEFAULTS['lr']} with DP-SGD)")
-    ap.add_argument("--reg", type=nonnegative_float, help=f"L2 regularisation lambda (default {DEFAULTS['reg']}; "
-                    f"{ADAGRAD_DEFAULTS['reg']} with adagrad; {DP_DEFAULTS['reg']} with DP-SGD)")
+    mix = MIX_FACTOR_MEMBER   # the default learner's factor member tunes its own
+    ap.add_argument("--lr", type=positive_float, help="learning rate eta of one factor model "
+                    f"(--model sketch: default {DEFAULTS['lr']}; {ADAGRAD_DEFAULTS['lr']} with "
+                    f"--optimizer adagrad; {DP_DEFAULTS['lr']} with DP-SGD). The default learner, "
+                    f"{DEFAULT_KIND}, runs its factor member at lr {mix['lr']} (one pass) or "
+                    f"{mix['epochs']['lr']} (epochs) and takes no --lr")
+    ap.add_argument("--reg", type=nonnegative_float, help="L2 regularisation lambda of one factor "
+                    f"model (--model sketch: default {DEFAULTS['reg']}; {ADAGRAD_DEFAULTS['reg']} "
+                    f"with adagrad; {DP_DEFAULTS['reg']} with DP-SGD). {DEFAULT_KIND}'s factor member: "
+                    f"reg {mix['reg']} (one pass) or {mix['epochs']['reg']} (epochs)")
     ap.add_argument("--bias-reg", type=nonnegative_float, default=DEFAULTS["bias_reg"], help="L2 weight of the biases")
     ap.add_argument("--init-std", type=nonnegative_float, default=DEFAULTS["init_std"], help="std of start vectors")
     ap.add_argument("--sgld", type=nonnegative_float, metavar="TAU", help="SGLD with temperature TAU")

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import numpy as np
 
 from sketchrec.data import Ratings
-from sketchrec.cli.config import ReplayConfig
+from sketchrec.cli.config import ReplayConfig, refuse
 from sketchrec.cli.display import ProgressBar, say, summary, to_json
-from sketchrec.cli.options import (Parser, add_evaluation_args, add_model_args,
+from sketchrec.cli.options import (Parser, add_evaluation_args, add_model_args, add_model_kind_arg,
                                           add_monitor_args, add_serving_args, nonnegative_int, positive_float, positive_int, rating_range,
                                           speed, unit_fraction, value_range)
 from sketchrec.cli.fetch import resolve_data
@@ -55,11 +55,7 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
     ap.add_argument("--holdout", type=unit_fraction, metavar="F", help="holdout protocol: test fraction F")
     ap.add_argument("--epochs", type=positive_int, default=20, help="epochs of the holdout protocol")
     ap.add_argument("--seed", type=nonnegative_int, default=0)
-    ap.add_argument("--model", choices=("mix", "sketch", "dense", "river", "bias"),
-                    help="mix: the bias baseline and AdaGrad sketch models combined by their recent "
-                    "error (default; the privacy modes use one learner, sketch); sketch: one count-"
-                    "sketch model (`--model sketch` is the thesis learner: plain SGD, lr 0.03); bias: "
-                    "damped running user + item biases")
+    add_model_kind_arg(ap, ("mix", "sketch", "dense", "river", "bias"))
     add_model_args(ap)
     ap.add_argument("--batch-size", type=positive_int, default=10_000)
     ap.add_argument("--capacity", type=positive_int, metavar="N",
@@ -97,7 +93,7 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
     try:  # the checks below end the command by SystemExit with a one-line message
-        config = ReplayConfig.from_args(args)
+        config = ReplayConfig.from_args(args, prog)
         config = replace(config, columns=args.columns, sep=args.sep)   # the file's layout
         server = None
         if config.dp.joint(config.holdout is not None):
@@ -137,7 +133,7 @@ def _joint(config: ReplayConfig):
     """The joint-DP mode (cli/joint.py) on the whole data set: its result, and with
     --serve the server over the fitted model (read-only; else None)."""
     from sketchrec.cli.joint import check_joint, run_joint
-    check_joint(config)
+    check_joint(config, "replay")
     source = open_source(config, "replay")
     data = source.data if source.data is not None else Ratings.concat(list(source.batches))
     result, service = run_joint(config, data, source.name, config.path, source.report)
@@ -164,22 +160,14 @@ class Run:
 def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     """Check the options against each other and build the source, model, ledger and service."""
     source = open_source(config, prog)
-    settings = config.model
-    for given, option in ((config.serving.checkpoint, "--checkpoint"), (config.audit_canaries, "--audit-canaries")):
-        if given and settings.kind == "river":
-            raise SystemExit(f"{prog}: {option} needs a sketchrec model (sketch or dense)")
+    settings = config.model   # checked against the capability table by ReplayConfig.from_args
     stream = config.holdout is None
-    if config.ldp_epsilon is not None and stream:
-        raise SystemExit("replay: --ldp-epsilon is simulated in the holdout protocol (--holdout F); "
-                         "for a stream, use `sketchrec produce --ldp-epsilon`")
     canaries = None
     if config.audit_canaries:
         from sketchrec.privacy.audit import Canaries
         canaries = Canaries.make(config.audit_canaries, seed=config.seed + 7)
     dp, ledger = None, None
     if config.dp.enabled:
-        if settings.kind != "sketch":
-            raise SystemExit("replay: DP-SGD is implemented for the sketch model (--model sketch)")
         dp = config.dp.config(stream=stream, depth=settings.depth, lr=settings.lr)
         if dp.noise_multiplier > 0 or config.dp.target:
             ledger = _ledger(config)
@@ -190,8 +178,8 @@ def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     from sketchrec.models.private.fallback import with_fallback
     model = with_fallback(model, source.capacity)   # DP: never worse than the private baseline
     if ledger is not None and stream and not ledger.begin_pass(dp.stream_multiplier(), config.dp.budget):
-        raise SystemExit(f"replay: one pass at noise multiplier {dp.noise_multiplier:.4g} would "
-                         f"spend more than --budget-epsilon {config.dp.budget}")
+        refuse(prog, [f"one pass at noise multiplier {dp.noise_multiplier:.4g} would spend more "
+                      f"than --budget-epsilon {config.dp.budget}; raise the budget or the noise"])
     # the streaming monitor reads prequential errors: meaningful in one pass only (holdout
     # reports the thesis's train/test KLD instead)
     monitor = config.monitor.build(config.seed) if stream else None

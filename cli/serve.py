@@ -18,6 +18,7 @@ from typing import Callable
 
 from sketchrec.privacy.admin_token import add_admin_token_args
 from sketchrec.cli.config import ServingSettings
+from sketchrec.models.capabilities import DEFAULT_KIND
 from sketchrec.cli.options import ACCESS, add_access_args, add_workers_arg, parse_host_port
 from sketchrec.stream.serving.server import ServerThread
 
@@ -61,6 +62,13 @@ def _start(service, serving: ServingSettings, access, reload_every: float | None
     from sketchrec.stream.serving.http import create_app
     from sketchrec.stream.serving.workers.pool import WorkerPool, default_workers, shareable
     workers = serving.workers or default_workers()
+    if workers > 1 and not shareable(service.recommender):   # never silently: the table's line
+        from sketchrec.cli.config import refuse
+        from sketchrec.models.capabilities import one_process_line
+        if serving.workers:   # asked for: refused
+            refuse("sketchrec", [one_process_line(service.recommender)])
+        print(f"sketchrec: serving from one process: {one_process_line(service.recommender)}",
+              file=sys.stderr, flush=True)
     if workers > 1 and shareable(service.recommender):
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # end as on Ctrl-C: workers stopped
             signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -95,7 +103,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     from sketchrec.stream.serving.joint import open_checkpoint
     ap = argparse.ArgumentParser(prog="sketchrec serve", description="Serve the newest checkpoint "
                                  "read-only, reloading when a newer one is written; or, with "
-                                 "--bootstrap and --topic, a fleet's model (snapshot + model topic).")
+                                 "--bootstrap and --topic, a fleet's model (snapshot + model topic). "
+                                 "It serves the learner the checkpoint holds: the default learner of "
+                                 f"replay and consume is {DEFAULT_KIND} (`sketchrec modes`).")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="DIR", type=Path)
     source.add_argument("--bootstrap", metavar="HOST:PORT", help="a fleet's broker (with --topic)")

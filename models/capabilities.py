@@ -115,7 +115,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
                  "give --model sketch or dense with --clip-loss / --sgld")),
              **_refuse(_DP, _DP_NEEDS_SKETCH), **_refuse(_JOINT, _JOINT_IS_A_KIND),
              **_refuse(AXES["optimizer"], no(
-                 "--lr, --reg, --optimizer and --implicit set one learner; the combination "
+                 "--lr, --reg, --optimizer and --implicit set one learner, and the combination "
                  "(--model mix) tunes its members itself", "give --model sketch with them"), "optimizer"),
              ("input", "fleet"): no("fleet members exchange one sketch model's cells, not the "
                                     "combination's members",
@@ -230,6 +230,19 @@ MODE_LIMITS: dict[PrivacyMode, dict[tuple[str, str], Cell]] = {
                           "for a stream, use `sketchrec produce --ldp-epsilon`")},
 }
 
+# what two columns cannot run together, whatever the kind and mode
+_FLEET_WORKERS = no("a fleet's model is served from its own process: its replica keeps state beside "
+                    "the arrays (slot residuals, announcements) that reader processes would not see",
+                    "serve it with --workers 1, or run more `sketchrec serve --bootstrap B --topic T` "
+                    "replicas")
+PAIR_LIMITS: dict[tuple[str, str], dict[tuple[str, str], Cell]] = {
+    ("input", "fleet"): {("serving", "workers"): _FLEET_WORKERS,
+                         ("feature", "implicit"): no(
+                             "--implicit does not run as a fleet: members exchange the sketch's "
+                             "cells, not the users' histories", "leave --implicit at 0 in a fleet")},
+    ("serving", "fleet-replica"): {("serving", "workers"): _FLEET_WORKERS},
+}
+
 # what to do instead of a feature a privacy mode forbids (``PrivacyMode.forbids``)
 _WITHOUT = {"implicit": "leave --implicit at 0", "adagrad": "use --optimizer sgd",
             "heavy_slots": "use --heavy-fraction 0", "light_dim": "leave --light-dim unset (= --dim)",
@@ -276,6 +289,10 @@ def refusals(ask: Ask) -> list[str]:
         limit = MODE_LIMITS.get(ask.privacy, {}).get((axis, value))
         if limit is not None:
             lines.append(limit.line())
+        for other in ask.cells():
+            pair = PAIR_LIMITS.get(other, {}).get((axis, value))
+            if pair is not None:
+                lines.append(pair.line())
     asked = set(ask.features) | ({"adagrad"} if ask.optimizer in ("adagrad", "adagrad-id") else set())
     for feature in ask.privacy.forbids:
         if feature in asked:
@@ -293,6 +310,15 @@ def kind_of(model) -> str:
     raise KeyError(f"no kind for model class {name}")
 
 
+def one_process_line(recommender) -> str:
+    """Why a recommender cannot be shared by reader processes, as the table says: its kind's
+    workers cell, or a fleet's (a recommender observed by a fleet's delta tracker)."""
+    if getattr(recommender, "observers", None):
+        return _FLEET_WORKERS.line()
+    found = cell(kind_of(recommender.model), "serving", "workers")
+    return found.line() if not found.supported else "its state is not all fixed arrays; serve it with --workers 1"
+
+
 def as_dict() -> dict:
     """The table, machine-readable (`sketchrec modes --json`)."""
     return {"default_kind": DEFAULT_KIND, "axes": {a: list(v) for a, v in AXES.items()},
@@ -303,4 +329,6 @@ def as_dict() -> dict:
             "modes": {m.value: {"forbids": list(m.forbids),
                                 "limits": {f"{a}:{v}": c.to_dict()
                                            for (a, v), c in MODE_LIMITS.get(m, {}).items()}}
-                      for m in PrivacyMode}}
+                      for m in PrivacyMode},
+            "pairs": {f"{a}:{v} + {b}:{w}": c.to_dict() for (a, v), limits in PAIR_LIMITS.items()
+                      for (b, w), c in limits.items()}}

@@ -16,7 +16,7 @@ import inspect
 
 from sketchrec.models.bias_baseline import BiasBaseline
 from sketchrec.models.dense_mf import DenseMF
-from sketchrec.models.mix import Experts
+from sketchrec.models.mix import DEFAULT_MEMBERS, Experts
 from sketchrec.models.private.fallback import DPSGDFallback
 from sketchrec.models.sketch_mf import SketchMF
 
@@ -27,6 +27,9 @@ MODELS: dict[str, type] = {"SketchMF": SketchMF, "DenseMF": DenseMF, "BiasBaseli
 _TUNED = ("dim", "depth", "space_gain", "lr", "reg", "bias_reg", "init_std")
 DEFAULTS: dict[str, float] = {name: param.default for name, param
                               in inspect.signature(SketchMF.__init__).parameters.items() if name in _TUNED}
+
+# the default learner's (mix's) factor member: its own lr and reg, one pass and epochs
+MIX_FACTOR_MEMBER: dict = next(m for m in DEFAULT_MEMBERS if m["model"] == "SketchMF")
 
 # one sketch learner with AdaGrad steps (--model sketch --optimizer adagrad): its eta is
 # AdaGrad's, and lr 0.2 / reg 0.085 was the best of a grid over ML-100k and ml-latest-small that
