@@ -1,8 +1,12 @@
-"""`sketchrec bench`: the benchmark suite (``sketchrec.benchmarks.suite``), loaded when run."""
+"""`sketchrec bench`: the benchmark suite (``sketchrec.benchmarks.suite``), loaded when run;
+`sketchrec bench serving`: the tail while learning (``sketchrec.benchmarks.serving``)."""
 
 from __future__ import annotations
 
 
 def bench_main(argv: list[str] | None = None) -> int:
+    if argv and argv[0] == "serving":
+        from sketchrec.benchmarks.serving import main as serving_main
+        return serving_main(argv[1:])
     from sketchrec.benchmarks.suite import main
     return main(argv)
