@@ -15,7 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
-from sketchrec.data import ParseReport, Ratings, SyntheticStream, gather, order_ratings, rebatch
+from sketchrec.data import ParseReport, Ratings, ScaleError, SyntheticStream, gather, order_ratings, rebatch
 from sketchrec.cli.config import ReplayConfig
 
 
@@ -86,6 +86,10 @@ def open_source(config: ReplayConfig, prog: str = "replay") -> Source:
         if config.order == "file" and config.holdout is None:
             return _streamed(config, source, batch, prog)
         data = gather(source.chunks())
+    except ScaleError as exc:   # nothing kept at all: the reasons, as for any file without ratings
+        if source.report.accepted == 0:
+            raise SystemExit(no_ratings_message(config.path, source.report, prog)) from None
+        raise SystemExit(f"{prog}: {config.path}: {exc}") from None
     except (OSError, EOFError, ValueError, ArithmeticError) as exc:   # pyarrow's errors included
         raise SystemExit(f"{prog}: cannot read {config.path}: {_one_line(exc)}") from None
     report = source.report

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from sketchrec.formats import Layout
 
 MAX_ID_LENGTH = 256
-BLOCK_BYTES = 8 << 20        # bytes of text per block a parse converts at once
+BLOCK_BYTES = 4 << 20        # bytes of text per block a parse converts at once
 PARQUET_ROWS = 262_144       # rows per Parquet batch
 # a line is one field, split by the layout's separator afterwards; a line holding this control
 # character is set aside as such (pyarrow refuses NUL as a delimiter)
@@ -51,7 +51,8 @@ def text_blocks(path: str | Path, codec: str | None, skip: int, dropped: list[in
     stream = pa.input_stream(str(path), compression=codec)
     reader = csv.open_csv(
         stream,
-        read_options=csv.ReadOptions(column_names=["line"], skip_rows=skip, block_size=BLOCK_BYTES),
+        read_options=csv.ReadOptions(column_names=["line"], skip_rows=skip, block_size=BLOCK_BYTES,
+                                   use_threads=False),
         parse_options=csv.ParseOptions(delimiter=_NO_DELIMITER, quote_char=False,
                                        ignore_empty_lines=False, invalid_row_handler=control),
         convert_options=csv.ConvertOptions(column_types={"line": pa.binary()}))

@@ -2,6 +2,8 @@
 unpack into a cache, and hand back the path of the ratings file.
 
 MovieLens' licence forbids redistributing the data, so the product ships checksums, not data.
+A data set already on the machine is used where it is: ``$SKETCHREC_DATA/<its ratings path>``
+(e.g. ``$SKETCHREC_DATA/ml-100k/u.data``; sketchrec.paths) before the cache or a download.
 The cache is ``--cache DIR``, else ``$SKETCHREC_CACHE``, else ``$XDG_CACHE_HOME/sketchrec``, else
 ``~/.cache/sketchrec``; a data set lives in ``<cache>/<name>/`` once complete. Writes are atomic:
 the archive goes to a temporary file in the cache, is checked, unpacked into a temporary folder
@@ -103,9 +105,16 @@ def fetched_path(name: str, cache: str | Path | None = None) -> Path:
     return cache_dir(cache) / name / DATASETS[name].ratings
 
 
+def local_path(name: str) -> Path:
+    """Where the ratings file of ``name`` is under ``$SKETCHREC_DATA`` (it may not exist)."""
+    from sketchrec.paths import data_dir
+    return data_dir() / DATASETS[name].ratings
+
+
 def fetch(name: str, cache: str | Path | None = None,
           log: Callable[[str], None] | None = None) -> Path:
-    """The path of the ratings file of data set ``name``, downloading it on first use.
+    """The path of the ratings file of data set ``name``: the copy under ``$SKETCHREC_DATA`` or
+    in the cache when there is one, else downloaded (once).
 
     Raises ``KeyError`` for an unknown name and ``FetchError`` when the download fails or its
     checksum differs (nothing is left in the cache then)."""
@@ -114,6 +123,8 @@ def fetch(name: str, cache: str | Path | None = None,
     spec, target = DATASETS[name], fetched_path(name, cache)
     if target.is_file():
         return target
+    if local_path(name).is_file():   # already on the machine: no download
+        return local_path(name)
     log = log or (lambda text: print(text, file=sys.stderr))
     root = cache_dir(cache)
     root.mkdir(parents=True, exist_ok=True)
@@ -193,10 +204,11 @@ def fetch_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.list or not args.name:
         for name, spec in sorted(DATASETS.items()):
-            here = "cached" if fetched_path(name, args.cache).is_file() else "-"
+            here = ("cached" if fetched_path(name, args.cache).is_file()
+                    else "local" if local_path(name).is_file() else "-")
             print(f"{name:16s} {spec.size / 1e6:7.1f} MB  {here:6s} {url_of(name)}")
         return 0
-    cached = fetched_path(args.name, args.cache).is_file()
+    cached = fetched_path(args.name, args.cache).is_file() or local_path(args.name).is_file()
     try:
         path = fetch(args.name, args.cache)
     except FetchError as exc:

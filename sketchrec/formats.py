@@ -116,8 +116,8 @@ def separator_of(first_line: str, sep: str | None = None) -> str:
         return sep
     found = next((s for s in SEPARATORS if s in first_line), None)
     if found is None:
-        raise LayoutError(f"cannot tell the separator of the first line {first_line[:80]!r}; "
-                          "give it with --sep (e.g. --sep ';')")
+        raise LayoutError(f"unrecognised ratings format: no separator on the first line "
+                          f"{first_line[:80]!r}; give it with --sep (e.g. --sep ';' or --sep ' ')")
     return found
 
 

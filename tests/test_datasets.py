@@ -1,5 +1,6 @@
 """`sketchrec fetch` end to end against a local HTTP server serving a small archive: success,
-cache hit, wrong checksum, truncation, server error and no server at all."""
+cache hit, wrong checksum, truncation, server error and no server at all; a data set already
+under $SKETCHREC_DATA is used where it is."""
 
 import hashlib
 import http.server
@@ -62,10 +63,12 @@ def server():
 
 @pytest.fixture
 def pinned(monkeypatch, tmp_path):
-    """ml-100k pinned to the test archive; the cache in a fresh folder through $SKETCHREC_CACHE."""
+    """ml-100k pinned to the test archive; the cache in a fresh folder through $SKETCHREC_CACHE,
+    and no local copy ($SKETCHREC_DATA an empty folder)."""
     spec = DataSet("ml-100k.zip", hashlib.sha256(ARCHIVE).hexdigest(), len(ARCHIVE), "ml-100k/u.data")
     monkeypatch.setitem(datasets.DATASETS, "ml-100k", spec)
     monkeypatch.setenv("SKETCHREC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SKETCHREC_DATA", str(tmp_path / "no-local-data"))
     Handler.hits.clear()
     return spec, tmp_path / "cache"
 
@@ -181,3 +184,20 @@ def test_replay_and_experiment_take_a_data_set_name(monkeypatch, server, pinned,
     monkeypatch.setenv("SKETCHREC_CACHE", str(tmp_path / "fresh"))
     assert sketchrec_main(["replay", "ml-100k", "--quiet", "--json"]) == 2
     assert "sha256" in capsys.readouterr().err
+
+
+def test_a_data_set_on_the_machine_is_used_without_a_download(monkeypatch, server, pinned, tmp_path, capsys):
+    import json
+
+    from sketchrec.cli import sketchrec_main
+    spec, cache = pinned
+    local = tmp_path / "data" / "ml-100k" / "u.data"
+    local.parent.mkdir(parents=True)
+    local.write_text(RATINGS)
+    monkeypatch.setenv("SKETCHREC_DATA", str(tmp_path / "data"))
+    use(monkeypatch, server, "fail")   # a download would fail: none may be tried
+    assert fetch("ml-100k", log=lambda _: None) == local
+    assert sketchrec_main(["replay", "ml-100k", "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["source"] == str(local)
+    assert fetch_main(["--list"]) == 0 and "local" in capsys.readouterr().out
+    assert Handler.hits == Counter() and not cache.exists()
