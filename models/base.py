@@ -63,6 +63,12 @@ class FactorizationModel(Ranker):
 
     # --- figures -----------------------------------------------------------------------------------
     @property
+    def privacy_mode(self):
+        """The privacy mode this learner trains in (``privacy.mode.PrivacyMode``), from its settings."""
+        from sketchrec.privacy.mode import learner_mode
+        return learner_mode(getattr(self, "dp", None), self.clip_loss, self.sgld_temperature)
+
+    @property
     def n_learned(self) -> int:
         return int(self.counters[LEARNED])
 

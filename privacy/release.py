@@ -1,23 +1,101 @@
-"""The line between the release and operator state, as functions the CLI and the server call.
+"""The line between the release and operator state: ONE boundary every public surface passes.
 
 The release (what a central-DP guarantee covers): the model's cells, biases and offset, the
 answers of /predict and the scores of /recommend, and what /privacy shows. Everything else —
 checkpoints, per-user cap counts, exact counters, the monitor's raw moments, Bloom filters,
-popularity, the catalogue — is operator state (README "What the guarantee covers" has the full table).
+popularity, the catalogue, a joint model's size — is operator state (README "What the guarantee
+covers" has the full table).
 
+- ``release(mode, values)``: the public view of a dict a route, ``--json`` or the dashboard is
+  about to show. Each field belongs to a surface of the mode table (``FIELDS`` ->
+  ``privacy.mode.SURFACES``); in a central-DP mode only fields whose surface is public or noised
+  pass, the rest (and any field this table does not know) stay behind the admin token.
 - ``public_capacity``: in a DP mode the model's shape comes from public parameters only. The sketch
   width was the exact count of distinct users + items (defect D4: replacing the only rating of
   one of ML-100k's 141 single-rating items changed the released width 10500 -> 10496).
-- ``public_stats``: /stats and /metrics in a DP mode keep only what no rating changes.
+- ``public_stats``: /stats and /metrics, through ``release``.
 - ``access_control_default``: per-user answers need a credential in every privacy mode.
 """
 
 from __future__ import annotations
 
+from sketchrec.privacy.mode import PrivacyMode, mode_of
+
 DEFAULT_DP_CAPACITY = 4096  # public default of distinct users + items in the DP modes (a constant)
-# /stats fields no rating changes (given the public parameters and the stream's length)
-PUBLIC_STATS = ("model_bytes", "uptime_s", "paused", "read_only", "offsets", "broker", "ready",
-                "checkpoint_age_s")
+OPERATOR = "GET /admin/privacy (exact operator state; not covered)"
+
+# Each field a public dict may carry -> the surface of ``privacy.mode.SURFACES`` it shows.
+FIELDS: dict[str, str] = {
+    # /stats, /metrics, the dashboard
+    **dict.fromkeys(("ratings_learned", "skipped", "throughput_per_s", "mean_throughput_per_s",
+                     "prequential_rmse", "catalogue_items", "checkpoint",
+                     "local_dp", "ratings", "steps", "train_kept", "stopped_by_budget",
+                     "sampling_rate", "planned_steps", "train_ratings", "test_ratings"),
+                    "ratings_learned"),
+    **dict.fromkeys(("model_bytes", "serving_bytes", "memory_bytes"), "model_bytes"),
+    **dict.fromkeys(("uptime_s", "paused", "read_only", "checkpoint_age_s", "checkpoint_error",
+                     "broker", "ready"), "health"),
+    "offsets": "offsets",
+    # /privacy, the --json privacy block: the guarantee and how it was made
+    **dict.fromkeys(("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "guarantee",
+                     "accountant", "unit", "neighbouring", "noisy_releases", "joint",
+                     "budget_exhausted", "epsilon_budget", "audit", "audit_epsilon_lower_bound",
+                     "monitor", "fallback_budget", "budget_shares", "hyper_parameters",
+                     "access_control", "catalogue", "operator_state",
+                     "noise_multiplier", "clip", "batch_size", "user_cap", "rating_range",
+                     "debug_noise_seed", "fallback_share", "budget_epsilon"), "guarantee"),
+    # which model answers and the noisy evidence for it (a DP release)
+    **dict.fromkeys(("serving", "fallback", "choice", "chose_factors"), "predictions"),
+    # the monitor's exact moments (``privacy.monitor.figures``)
+    **dict.fromkeys(("kld", "kld_cumulative", "seen_error_mean", "seen_error_var", "seen_sample",
+                     "unseen_error_mean", "unseen_error_var", "unseen_window", "unseen_total",
+                     "kld_alert_threshold", "kld_alert", "kld_note"), "monitor"),
+}
+# the /stats fields of the DP modes (the exact counts of a pass's plan, "ratings", "steps",
+# "train_kept", are operator state: with N public, add/remove would become replace-one)
+PUBLIC_STATS = tuple(k for k, v in FIELDS.items() if v == "health")
+
+
+def release(mode: PrivacyMode, values: dict) -> dict:
+    """The public view of ``values`` in ``mode``: outside the central-DP modes everything (their
+    surfaces are exact); in them only the fields whose surface the mode declares public or noised,
+    plus ``operator_state`` naming where the rest went when anything was withheld. Nested dicts
+    are released field by field (e.g. the ``dp`` block of ``--json``).
+
+    >>> release(PrivacyMode.DP_SGD_USER, {"epsilon": 1.0, "ratings_learned": 7, "model_bytes": 8})
+    {'epsilon': 1.0, 'operator_state': 'GET /admin/privacy (exact operator state; not covered)'}
+    >>> release(PrivacyMode.NONE, {"ratings_learned": 7})
+    {'ratings_learned': 7}
+    """
+    if not mode.central:
+        return dict(values)
+    out, withheld = {}, False
+    for key, value in values.items():
+        surface = FIELDS.get(key)
+        if surface is None and isinstance(value, dict):   # a block: released field by field
+            inner = release(mode, value)
+            inner.pop("operator_state", None)
+            withheld = withheld or len(inner) < len(value)
+            out[key] = inner
+        elif surface is not None and mode.surface(surface) in ("public", "noised"):
+            out[key] = value
+        else:
+            withheld = True
+    if withheld:
+        out.setdefault("operator_state", OPERATOR)
+    return out
+
+
+def operator_part(mode: PrivacyMode, values: dict) -> dict:
+    """What ``release`` leaves out of ``values`` (the operator block, outside every covered one)."""
+    kept = release(mode, values)
+    out = {}
+    for key, value in values.items():
+        if key not in kept:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(kept[key], dict) and kept[key] != value:
+            out[key] = operator_part(mode, value)
+    return out
 
 
 def public_capacity(private: bool, option: int | None, counted: int | None = None) -> int:
@@ -48,19 +126,22 @@ def check_public_shape(private: bool, capacity: int, option: int | None) -> None
                          f"default {DEFAULT_DP_CAPACITY}), not from the data (got {capacity})")
 
 
-def public_stats(stats: dict, private: bool) -> dict:
-    """What /stats shows: everything outside the DP modes; in them, only ``PUBLIC_STATS`` (the
-    exact counts of ratings learned, skipped, seen items, throughput and prequential RMSE are
-    operator state, served by the admin route)."""
-    if not private:
-        return stats
-    return {**{k: stats[k] for k in PUBLIC_STATS if k in stats},
-            "operator_state": "GET /admin/privacy (exact counters; not covered)"}
+def public_stats(stats: dict, mode: PrivacyMode | bool) -> dict:
+    """What /stats and /metrics show: ``release`` of the service's stats (``mode`` may still be a
+    bool, "a central-DP mode", from callers that have not moved to modes)."""
+    if isinstance(mode, bool):
+        mode = PrivacyMode.DP_SGD_RATING if mode else PrivacyMode.NONE
+    return release(mode, stats)
+
+
+def service_mode(service) -> PrivacyMode:
+    """The privacy mode of a serving service (learning, joint or replica): its model's, LDP when
+    the ratings it learned arrived perturbed on the device."""
+    origin = getattr(service, "origin", None) or {}
+    return mode_of(service.recommender.model, True if origin.get("perturbed_on_device") else None)
 
 
 def access_control_default(model, ldp: bool = False) -> bool:
     """Whether per-user answers need a credential by default: in every privacy mode (DP-SGD,
-    SGLD, loss clipping, local DP), and always for a joint-DP model (``joint_dp``: its answers
-    about U may go only to U or the backend)."""
-    return (getattr(model, "dp", None) is not None or getattr(model, "joint_dp", False) or bool(getattr(model, "sgld_temperature", None))
-            or getattr(model, "clip_loss", None) is not None or ldp)
+    SGLD, loss clipping, local DP, joint DP: its answers about U may go only to U or the backend)."""
+    return mode_of(model).private or ldp

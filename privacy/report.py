@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from sketchrec.privacy.accounting import describe
 from sketchrec.privacy.entropy import DEBUG_NOTE
+from sketchrec.privacy.mode import PrivacyMode, mode_of
 
 NOT_COVERED = "not covered by any privacy guarantee: exact operator state (admin only)"
 
 
 def central_dp(model) -> bool:
-    """Whether the model trains with DP-SGD or is a joint-DP model (its releases are accounted)."""
-    return getattr(model, "dp", None) is not None or getattr(model, "joint_dp", False)
+    """Whether the model's releases are accounted (DP-SGD, SGLD-DP or a joint-DP model)."""
+    return mode_of(model).central
 
 
 def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None,
@@ -25,29 +26,28 @@ def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None,
     """The training mode's guarantee (and whether it is proven), the monitor's figures (not in
     the DP modes) and the last canary audit, as /privacy and `replay --json` report them.
     ``ldp``: a ``privacy.ldp.LDPSettings`` when the ratings were perturbed on the device."""
-    clip = getattr(model, "clip_loss", None)
-    sgld = getattr(model, "sgld_temperature", None)
-    dp = getattr(model, "dp", None)
+    mode = mode_of(model, ldp)
     figures = {"epsilon": None, "delta": None, "privacy_unit": None, "proven_bound": None,
-               "mode": "clip-loss" if clip else "sgld" if sgld else "non-private"}
-    debug = dp is not None and getattr(dp, "debug_noise_seed", None) is not None
+               "mode": "non-private" if mode is PrivacyMode.NONE else mode.value}
+    dp = model.dp if mode.dp_sgd else None
+    debug = dp is not None and dp.debug_noise_seed is not None
     if dp is not None and dp.noise_multiplier > 0 and ledger is not None:
         figures.update(describe(ledger, dp.mode, DEBUG_NOTE if debug else None))
     elif dp is not None:
         figures.update(mode=dp.mode, epsilon=float("inf"), privacy_unit=dp.unit, proven_bound=False,
                        guarantee="none: clipped DP-SGD without noise (epsilon = infinity)")
-    elif ldp is not None:
+    elif mode is PrivacyMode.LDP:
         figures.update(ldp.figures())
-    elif clip:
-        figures.update(epsilon=clip, privacy_unit="rating", proven_bound=False,
+    elif mode is PrivacyMode.CLIP_LOSS:
+        figures.update(epsilon=model.clip_loss, privacy_unit="rating", proven_bound=False,
                        guarantee="the thesis's claimed epsilon for loss clipping at epsilon (§4.2.2): "
                        "heuristic, not a proven bound")
-    elif sgld:
+    elif mode is PrivacyMode.SGLD:
         figures.update(guarantee="SGLD without gradient clipping has no privacy bound")
     else:
         figures.update(guarantee="none: the model is trained without privacy protection")
     if monitor is not None:
-        if central_dp(model):
+        if mode.central:
             figures["monitor"] = f"GET /admin/privacy ({NOT_COVERED})"
         else:
             figures.update(monitor.figures())

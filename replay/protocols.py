@@ -15,15 +15,19 @@ from typing import Callable, Iterable
 import numpy as np
 
 from sketchrec.models.metrics import ErrorStats
-from sketchrec.models.private.fallback import fallback_of, plan_private_epochs
+from sketchrec.models.private.fallback import fallback_of
+from sketchrec.privacy.budget import plan_private_epochs
 from sketchrec.models.wrapped import Wrapped
 from sketchrec.privacy.audit import real_rows
 from sketchrec.privacy.entropy import sampling_generator
+from sketchrec.privacy.mode import mode_of
+from sketchrec.privacy.release import operator_part, release
 from sketchrec.privacy.leakage import kld_from_errors
 from sketchrec.data import Ratings
 from sketchrec.replay.curve import WindowedErrors
 
 Progress = Callable[[int, float, float], None]  # (ratings so far, running RMSE, ratings/s)
+OPERATOR_BLOCK = "the 'operator' block of this result (exact counts; not covered)"
 
 
 def _pace(batch: Ratings, t0_stream: int | None, t0_wall: float, speed: float | None) -> int | None:
@@ -211,12 +215,17 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             fit.add(model.predict_many(test.users, test.items), test.ratings)
             progress(learned, fit.rmse, learned / max(time.perf_counter() - t0, 1e-9))
 
-    dp_training, interrupted = None, False
+    dp_training, operator, interrupted = None, None, False
+    mode = mode_of(model)
     try:
-        if getattr(model, "dp", None) is not None:
-            dp_training = train_private_epochs(model, train, epochs, seed + 1, ledger, budget,
-                                               each_epoch, target_epsilon)
-            learned = dp_training["ratings"]
+        if mode.dp_sgd:
+            info = train_private_epochs(model, train, epochs, seed + 1, ledger, budget,
+                                        each_epoch, target_epsilon)
+            learned = info["ratings"]
+            # the covered block keeps what the mode releases; the exact counts (ratings, steps,
+            # the training part's size) go to an operator block beside it
+            dp_training = {**release(mode, info), "operator_state": OPERATOR_BLOCK}
+            operator = {"dp_training": operator_part(mode, info)}
         else:
             learned = train_epochs(model, train, epochs, seed + 1, batch_size, each_epoch)
     except KeyboardInterrupt:  # Ctrl-C: evaluate what the finished epochs learned
@@ -232,7 +241,7 @@ def holdout(model, ratings: Ratings, fraction: float, epochs: int, seed: int,
             "train_rmse": float(np.sqrt(np.mean(train_err ** 2))),
             "kld": _kld(train_err, test_err),
             "seconds": seconds, "throughput_per_s": learned / max(seconds, 1e-9),
-            **({"dp_training": dp_training} if dp_training else {}),
+            **({"dp_training": dp_training, "operator": operator} if dp_training else {}),
             **(fallback_of(model).test_rmse(test.users, test.items, test.ratings)
                if fallback_of(model) is not None else {}),
             **({"interrupted": True} if interrupted else {})}

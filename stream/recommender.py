@@ -41,6 +41,7 @@ import numpy as np
 from sketchrec.models.base import ITEM, USER
 from sketchrec.models.wrapped import Wrapped
 from sketchrec.privacy.audit import real_rows
+from sketchrec.privacy.mode import mode_of
 from sketchrec.stream.catalogue import Catalogue, ItemSnapshot, default_max_items
 from sketchrec.stream.served_ranking import RELEVANT, ServedRanking
 from sketchrec.sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
@@ -59,7 +60,7 @@ def _ranks_publicly(model) -> bool:
     """Whether the served ranking may blend popularity in: not under central DP, whose release
     covers /recommend's scores (``privacy.release``) while the count-min's exact counts and the
     ranking's feedback are operator state; a DP model's items are ranked by the model alone."""
-    return getattr(model, "dp", None) is None
+    return mode_of(model).surface("popularity") == "exact"
 
 
 class Recommender:
@@ -187,6 +188,8 @@ class Recommender:
         if not len(self.catalogue):
             return [], "empty"
         if ukey is None or not self.users_seen.contains_many(np.array([ukey], dtype=np.uint64))[0]:
+            if mode_of(self.model).surface("popularity") != "exact":   # counts: operator state
+                return self._released_ranking(k), "popular"
             return self.popular(k), "popular"
         snap = self.item_snapshot(wait=False)
         ids, keys = snap.ids, snap.keys
@@ -209,6 +212,15 @@ class Recommender:
         top = _top_unseen(ranked, k, seen_rows)
         top = top[np.isfinite(ranked[top])]
         return list(zip([ids[n] for n in top.tolist()], ranked[top].tolist())), "model"
+
+    def _released_ranking(self, k: int) -> list[tuple[object, float]]:
+        """A DP mode's answer to a user the model has not seen: the items ranked by the released
+        model's item side (offset + item bias: noised, accounted), on the scale known users get,
+        never by the exact counts (differencing them around one rating named the rated item)."""
+        snap = self.item_snapshot(wait=False)
+        scores = snap.biases + self.model.global_mean
+        top = np.argsort(-scores, kind="stable")[:k]
+        return [(snap.ids[n], float(scores[n])) for n in top.tolist() if np.isfinite(scores[n])]
 
     def popular(self, k: int) -> list[tuple[object, float]]:
         """The k most rated items with their estimated counts, re-ranked when the model has

@@ -13,6 +13,8 @@ from sketchrec.models.metrics import ErrorStats
 from sketchrec.models.registry import MODELS
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.ldp import LDPSettings
+from sketchrec.privacy.mode import PrivacyMode
+from sketchrec.privacy.release import service_mode
 from sketchrec.privacy.report import privacy_figures
 from sketchrec.stream.checkpoint import (Checkpoint, CheckpointStore, operator_parts,
                                          restore_operator_parts)
@@ -134,6 +136,11 @@ class LearningService:
                                    "server_saw_raw_ratings": self.origin["raw"] > 0}
         return figures
 
+    @property
+    def privacy_mode(self) -> PrivacyMode:
+        """The mode the served model trains in (LDP when its ratings came perturbed)."""
+        return service_mode(self)
+
     def record_origin(self, headers, n_ratings: int) -> None:
         """Count ratings that arrived perturbed on the device (an LDP header) or raw."""
         from sketchrec.privacy.ldp import HEADER, parse_header
@@ -163,9 +170,9 @@ class LearningService:
         """For a DP-SGD model: account one more pass over the stream before learning from it
         (the ledger comes from the checkpoint when there is one, so a restart never resets it).
         False when that pass would exceed the budget: the service then serves without learning."""
-        dp = getattr(self.recommender.model, "dp", None)
-        if dp is None or dp.noise_multiplier == 0:
+        if not self.privacy_mode.dp_sgd or self.recommender.model.dp.noise_multiplier == 0:
             return True
+        dp = self.recommender.model.dp
         if self.ledger is None:
             self.ledger = PrivacyLedger(unit, delta)
         self.budget = budget

@@ -55,6 +55,7 @@ import numpy as np
 from sketchrec.models.private.joint_baseline import (Encoded, bias_estimates, capped, noisy_bias_statistics,
                                            release_biases)
 from sketchrec.privacy.entropy import noise_generator
+from sketchrec.privacy.mode import mode_of
 from sketchrec.privacy.joint_dp import (CHOICE_CLIP, FALLBACK_SHARES, fallback_budget,
                                         noisy_choice, stage_noise)
 from sketchrec.models.storage import USER
@@ -80,7 +81,7 @@ def user_weights(users: np.ndarray, cells: np.ndarray, x: np.ndarray,
     norm is at most sqrt(allowance). Returns (weights per rating, squared norm used per user).
 
     >>> w, used = user_weights(np.array([0, 0, 1]), np.array([3, 3, 4]), np.ones(3), np.array([4.0, 4.0]))
-    >>> w.round(3).tolist(), used.tolist()
+    >>> w.round(3).tolist(), used.round(9).tolist()
     ([0.707, 0.707, 1.0], [4.0, 2.0])
     """
     users = np.asarray(users, np.int64)
@@ -129,6 +130,10 @@ class DPSGDFallback:
     @property
     def dp(self):
         return self.model.dp
+
+    @property
+    def privacy_mode(self):
+        return self.model.privacy_mode
 
     @dp.setter
     def dp(self, config) -> None:   # an epoch plan calibrates the model's noise
@@ -363,7 +368,7 @@ class DPSGDFallback:
 def with_fallback(model, width: int):
     """A DP-SGD model wrapped with its private fallback (``width`` item buckets: a public size,
     e.g. the run's capacity); any other model unchanged."""
-    return DPSGDFallback(model, width) if getattr(model, "dp", None) is not None else model
+    return DPSGDFallback(model, width) if mode_of(model).dp_sgd else model
 
 
 def fallback_of(learner) -> DPSGDFallback | None:
@@ -372,27 +377,3 @@ def fallback_of(learner) -> DPSGDFallback | None:
         if isinstance(obj, DPSGDFallback):
             return obj
     return None
-
-
-def plan_private_epochs(fallback: DPSGDFallback | None, dp, target_epsilon: float | None,
-                        delta: float, sampling_rate: float, steps: int,
-                        budget: float | None = None) -> tuple:
-    """The DP-SGD epoch plan's ``DPConfig`` and the fallback's ledger entries: with a target the
-    steps are calibrated so that they and the fallback's releases compose to exactly the target;
-    with a given noise and an epsilon ``budget`` the fallback takes its share of the budget (the
-    steps then stop at the budget); with a given noise alone the fallback's releases are set from
-    the step's own multiplier."""
-    from dataclasses import replace
-
-    from sketchrec.privacy.accounting import calibrate_noise
-    from sketchrec.privacy.joint_dp import calibrate_epochs
-    fixed = []
-    if fallback is not None:
-        whole = target_epsilon or budget
-        z_total = calibrate_noise(whole, delta) if whole else dp.epoch_multiplier()
-        fixed = fallback.plan(z_total)
-    if target_epsilon is not None:
-        z = (calibrate_epochs(target_epsilon, delta, sampling_rate, steps, fixed) if fixed
-             else calibrate_noise(target_epsilon, delta, sampling_rate, steps))
-        dp = replace(dp, noise_multiplier=z * dp.sensitivity_factor)
-    return dp, fixed

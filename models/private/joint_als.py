@@ -41,6 +41,7 @@ from sketchrec.models.private.joint_baseline import (BiasRelease, Encoded, cappe
                                            loo_residuals, release_biases, ridge_per_user)
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.entropy import DEBUG_NOTE, fresh_generator, noise_generator
+from sketchrec.privacy.mode import PrivacyMode, learner_mode
 from sketchrec.privacy.joint_dp import (BASELINE_SHARES, FALLBACK, SHARES, Budget, gaussian,
                                         joint_figures, noisy_choice, stage_noise, symmetric_noise)
 
@@ -88,6 +89,10 @@ class PrivateALS:
     """Joint-DP ALS over a public item ``catalogue``; ``fit`` then ``predict_many``."""
 
     joint_dp = True   # its answers about U may go only to U or the backend (``privacy.release``)
+
+    @property
+    def privacy_mode(self) -> PrivacyMode:
+        return learner_mode(joint_unit=self.config.unit)
 
     def __init__(self, config: JointDPConfig, catalogue: np.ndarray):
         if config.unit not in ("user", "rating"):
@@ -247,6 +252,10 @@ class PrivateBaseline:
     whole budget on the bias statistics (no per-user part at all)."""
 
     joint_dp = True
+
+    @property
+    def privacy_mode(self) -> PrivacyMode:
+        return learner_mode(joint_unit=self.config.unit)
 
     def __init__(self, config: JointDPConfig, catalogue: np.ndarray):
         self.config, self.catalogue = config, np.asarray(catalogue)

@@ -24,6 +24,7 @@ from numba import njit
 
 from sketchrec.models._sgd import COUNT, RMAX, RMIN, TOTAL
 from sketchrec.models.base import ITEM, USER
+from sketchrec.privacy.mode import mode_of
 from sketchrec.stream.fleet.slots import FAMILIES, FleetSlots
 from sketchrec.sketches.count_sketch import cell_indices
 
@@ -214,7 +215,7 @@ class ModelReplica:
         self._stats, self._counters, self._dp_steps = m.stats.copy(), m.counters.copy(), m.dp_steps.copy()
         # tracked: every learned batch's keys come through touched(), so a take compares only the
         # cells and slots they address (DP-SGD puts noise on every cell: always a full pass)
-        self._touched: list | None = [] if tracked and getattr(m, "dp", None) is None else None
+        self._touched: list | None = [] if tracked and not mode_of(m).dp_sgd else None
         self._batches: list = []   # touched() since the last membership change, not yet sorted
         self._rows = 0             # rows touched since the last take
         # float16: where the last take left rounding behind (compared again at the next take)

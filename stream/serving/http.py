@@ -35,8 +35,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 
 from sketchrec.privacy.access import UserTokens
-from sketchrec.privacy.release import access_control_default, public_stats
-from sketchrec.privacy.report import central_dp, operator_figures
+from sketchrec.privacy.mode import PrivacyMode
+from sketchrec.privacy.release import access_control_default, release, service_mode
+from sketchrec.privacy.report import operator_figures
 from sketchrec.stream.serving.dashboard import dashboard_router
 from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp, public_ranking
 from sketchrec.stream.service import LearningService
@@ -44,12 +45,6 @@ from sketchrec.stream.service import LearningService
 MAX_ECHO = 80   # characters of a rejected input a 422 shows (never a 100 KB input back)
 PRIVACY_FIELDS = ("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "kld",
                   "audit_epsilon_lower_bound")
-
-
-# the monitor's exact figures (privacy.monitor.figures): operator state in the DP modes
-_MONITOR_FIELDS = ("kld", "kld_cumulative", "seen_error_mean", "seen_error_var", "seen_sample",
-                   "unseen_error_mean", "unseen_error_var", "unseen_window", "unseen_total",
-                   "kld_alert_threshold", "kld_alert", "kld_note")
 
 
 class Prediction(BaseModel):
@@ -77,9 +72,9 @@ class _ServiceCollector:
 
     def collect(self):
         service = self.service_ref()
-        stats = service.stats()
-        private = central_dp(service.recommender.model)  # exact counts are operator state there
-        if not private:
+        mode = service_mode(service)
+        stats = release(mode, service.stats())   # the one release boundary (privacy.release)
+        if "ratings_learned" in stats:
             learned = CounterMetricFamily("sketchrec_ratings_learned", "Ratings learned by the model")
             learned.add_metric([], stats["ratings_learned"])
             yield learned
@@ -87,7 +82,7 @@ class _ServiceCollector:
             for reason, count in stats["skipped"].items():
                 skipped.add_metric([reason], count)
             yield skipped
-        privacy = service.privacy()
+        privacy = release(mode, service.privacy())
         for name, doc in (("kld", "Windowed KLD of seen vs unseen errors (eq. 4.15; heuristic)"),
                           ("kld_cumulative", "Cumulative KLD of seen vs unseen errors")):
             if privacy.get(name) is not None:
@@ -97,7 +92,7 @@ class _ServiceCollector:
         for name, key, doc in (("model_bytes", "model_bytes", "Bytes of model state"),
                                ("catalogue_items", "catalogue_items", "Items seen so far"),
                                ("uptime_seconds", "uptime_s", "Seconds since start")):
-            if private and key == "catalogue_items":
+            if key not in stats:   # withheld in this privacy mode
                 continue
             gauge = GaugeMetricFamily(f"sketchrec_{name}", doc)
             gauge.add_metric([], stats[key])
@@ -107,7 +102,7 @@ class _ServiceCollector:
 def resolve_access(service: LearningService, access) -> UserTokens | None:
     """``access``: "auto" (on in every privacy mode), True/False, or a ``UserTokens`` to use.
     A joint-DP model refuses False/None: its guarantee holds only with access control."""
-    if getattr(service.recommender.model, "joint_dp", False) and not access:
+    if service_mode(service) in (PrivacyMode.JOINT_RATING, PrivacyMode.JOINT_USER) and not access:
         raise ValueError("a joint-DP model is served with per-user access control only")
     if isinstance(access, UserTokens) or access is None or access is False:
         return access or None
@@ -248,14 +243,13 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     @app.get("/privacy", summary="The privacy guarantee of the training mode and the monitor's figures")
     def privacy_figures() -> dict:
         figures = app.state.service.privacy()
-        if central_dp(app.state.service.recommender.model):  # no exact figure on a released surface
-            figures = {k: v for k, v in figures.items() if k not in _MONITOR_FIELDS}
+        figures = release(service_mode(app.state.service), figures)   # no exact figure released
         return {field: figures.get(field) for field in PRIVACY_FIELDS} | figures
 
     @app.get("/stats", summary="Learning counters, throughput, memory, checkpoint and offsets")
     def stats() -> dict:
         svc = app.state.service
-        return public_stats(svc.stats(), central_dp(svc.recommender.model))
+        return release(service_mode(svc), svc.stats())
 
     @app.get("/admin/privacy", summary="Operator state: the monitor's exact figures and counters "
              "(admin; NOT covered by any privacy guarantee)")

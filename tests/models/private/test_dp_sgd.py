@@ -167,7 +167,7 @@ def test_replay_reports_the_proven_epsilon_of_the_run(capsys):
     assert 0.98 <= stream["privacy"]["epsilon"] <= 1.0 + 1e-6
     budget = _replay_json(capsys, "--holdout", "0.2", "--epochs", "3", "--dp-noise", "0.8",
                           "--budget-epsilon", "0.5", *common)
-    assert budget["privacy"]["epsilon"] <= 0.5 and budget["privacy"]["dp"]["stopped_by_budget"]
+    assert budget["privacy"]["epsilon"] <= 0.5 and budget["operator"]["dp_training"]["stopped_by_budget"]
     loss_clip = _replay_json(capsys, "--clip-loss", "4", *common)
     assert loss_clip["privacy"]["proven_bound"] is False
     assert "heuristic" in loss_clip["privacy"]["guarantee"]
