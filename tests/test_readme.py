@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import doctest
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,12 +100,35 @@ def _mkdocs() -> list[str] | None:
     return [sys.executable, "-m", "mkdocs"]
 
 
-@pytest.mark.slow
-def test_docs_build_strict(tmp_path):
+def _build(repo: Path, site: Path) -> subprocess.CompletedProcess:
     cmd = _mkdocs()
     if cmd is None:
         pytest.skip("mkdocs is not installed: pip install -e '.[docs]' to build the docs site")
-    res = subprocess.run([*cmd, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    return subprocess.run([*cmd, "build", "--strict", "--site-dir", str(site)], cwd=repo, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+@pytest.mark.slow
+def test_docs_build_strict(tmp_path):
+    res = _build(REPO, tmp_path / "site")
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "site" / "index.html").exists()
+    assert (tmp_path / "site" / "api" / "models" / "index.html").read_text().count("SketchMF") > 1
+
+
+@pytest.mark.slow
+def test_the_strict_build_fails_on_a_broken_link_or_anchor(tmp_path):
+    # the same site with one page linking to a missing page and a missing anchor: the build must fail,
+    # or the test above would pass on a site whose links are never checked
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in ("docs", "mkdocs.yml", "site") and not entry.name.startswith("."):
+            (repo / entry.name).symlink_to(entry)
+    shutil.copytree(DOCS, repo / "docs")
+    shutil.copy2(REPO / "mkdocs.yml", repo / "mkdocs.yml")
+    with (repo / "docs" / "index.md").open("a") as page:
+        page.write("\n[gone](no-such-page.md) and [moved](cli.md#no-such-anchor)\n")
+    res = _build(repo, tmp_path / "site")
+    assert res.returncode != 0
+    assert "no-such-page.md" in res.stderr and "no-such-anchor" in res.stderr
