@@ -154,7 +154,8 @@ class ModelSettings:
         kind = args.model or (PRIVATE_KIND if private or one or fleet or args.sgld is not None
                               or args.clip_loss is not None else DEFAULT_KIND)
         if kind == "mix" and one:   # the table's line: --lr and --reg are no column of their own
-            refuse(prog, [KINDS["mix"].cell("optimizer", "sgd").line()])
+            which = ("feature", "implicit") if args.implicit else ("optimizer", "sgd")
+            refuse(prog, [KINDS["mix"].cell(*which).line()])
         return cls(kind, given("dim"), given("lr"), given("reg"), args.depth, args.width,
                    args.space_gain, args.heavy_fraction, args.light_dim, args.bias_reg, args.init_std,
                    args.sgld, args.clip_loss, args.seed, optimizer, args.implicit or 0)
@@ -315,12 +316,9 @@ class ReplayConfig:
     def from_args(cls, args: argparse.Namespace, prog: str = "replay") -> "ReplayConfig":
         dp = DPSettings.from_args(args)
         holdout = args.holdout is not None
-        mode = dp.mode(holdout, args.ldp_epsilon is not None or args.ldp_debias, args.sgld,
+        mode = dp.mode(holdout, args.ldp_epsilon is not None, args.sgld,
                        args.clip_loss)
         model = ModelSettings.from_args(args, dp.enabled, prog)
-        evaluation = EvaluationSettings.from_args(args, prog)
-        if dp.problems(holdout):
-            refuse(prog, dp.problems(holdout))
         serving = ServingSettings.from_args(args)
         listen = ("joint-read-only" if mode in JOINT else "thread") if args.serve else None
         check(prog, Ask(
@@ -328,6 +326,9 @@ class ReplayConfig:
             "file" if args.path else "synthetic", "holdout" if holdout else "prequential",
             tuple(s for s in (listen, serving.explicit_workers) if s),
             features_of(args, model)))
+        evaluation = EvaluationSettings.from_args(args, prog)   # then the options' own checks
+        if dp.problems(holdout):
+            refuse(prog, dp.problems(holdout))
         return cls(args.path, args.order, args.speed, args.quiet, args.json, args.holdout,
                    args.epochs, args.seed, args.batch_size, args.audit_canaries, args.ldp_epsilon,
                    args.ldp_range, args.ldp_debias,

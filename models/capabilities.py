@@ -151,9 +151,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
                                         "leave --optimizer out, or give --model sketch"), "optimizer"),
         **_refuse(("kafka", "fleet"), no("river's model has no checkpoint, and a consumer keeps its "
                                          "state in checkpoints", f"give {_CHECKPOINTS}"), "input"),
-        **_refuse(("thread", "workers", "replica"), no(
-            "river's model has no checkpoint or shared form to serve from",
-            f"serve {_CHECKPOINTS}"), "serving"),
+        **_refuse(("thread", "workers"), no("river's model has no checkpoint or shared form to "
+                                            "serve from", f"serve {_CHECKPOINTS}"), "serving"),
+        ("serving", "replica"): na("river's model has no checkpoint to serve"),
         ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
         ("serving", "joint-read-only"): na("only the joint-DP model is served read-only after its fit"),
         **_refuse(("checkpoint", "canaries"), no("river's model has no checkpoint form",
