@@ -20,7 +20,7 @@ from sketchrec.cli.options import (Parser, add_evaluation_args, add_model_args, 
                                           speed, unit_fraction, value_range)
 from sketchrec.cli.fetch import resolve_data
 from sketchrec.cli.serve import serve_until_interrupted, start_server
-from sketchrec.cli.source import Source, add_data_args, open_source, path_problem
+from sketchrec.cli.source import Source, add_data_args, open_source, path_problem, scale_free
 
 if TYPE_CHECKING:  # the run's parts, imported when a command needs them
     from sketchrec.models.private.dp_sgd import DPConfig
@@ -190,6 +190,7 @@ def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     elif monitor is not None:
         from sketchrec.models.wrapped import Wrapped
         learner = Wrapped(model, monitor)
+    learner = scale_free(learner, source, config)   # another scale: learned as on 1..5
     return Run(config, source, model, learner, monitor, dp, ledger, canaries, service,
                _ldp(config, source))
 

@@ -164,3 +164,16 @@ def _capacity(config: ReplayConfig, counted: int, prog: str) -> int:
         return public_capacity(config.dp.enabled, config.capacity, counted)
     except ValueError as exc:
         raise SystemExit(f"{prog}: --capacity: {exc}") from None
+
+
+def scale_free(learner, source: Source, config: ReplayConfig):
+    """The learner seen through the file's scale (sketchrec.scale): ratings on another scale than
+    MovieLens' are learned as if on 1..5, so the default settings work the same; a MovieLens
+    scale, the synthetic stream, the privacy modes (their ranges are declared to the mechanism)
+    and a served model (it answers on the scale it learned) are left as they are."""
+    from sketchrec.scale import ScaleFree, ScaleMap
+    scale = ScaleMap.for_range(source.report.rating_range) if config.path else None
+    if scale is None or config.dp.enabled or config.ldp_epsilon is not None \
+            or config.serving.listen or config.serving.checkpoint:
+        return learner
+    return ScaleFree(learner, scale)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from sketchrec.formats import Layout
 
 MAX_ID_LENGTH = 256
-BLOCK_BYTES = 4 << 20        # bytes of text per block a parse converts at once
+BLOCK_BYTES = 2 << 20        # bytes of text per block a parse converts at once
 PARQUET_ROWS = 262_144       # rows per Parquet batch
 # a line is one field, split by the layout's separator afterwards; a line holding this control
 # character is set aside as such (pyarrow refuses NUL as a delimiter)

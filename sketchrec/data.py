@@ -254,21 +254,56 @@ def read_ratings(path: str | Path, report: ParseReport | None = None,
 
 
 def gather(chunks) -> Ratings:
-    """The chunks as one batch, a column at a time (peak: the chunks and one column). Ids that
-    are ints in one chunk and text in another all become text (one id, one key: hashing)."""
-    parts = list(chunks)
-    if not parts:
+    """The chunks as one batch, in the memory of the result and one chunk: each chunk is copied
+    into columns that grow in place (numpy's resize reallocates a large array by remapping its
+    pages, without a second copy). Ids that are ints in one chunk and text in another all
+    become text (one id, one key: sketches.hashing)."""
+    columns: list = []
+    n = 0
+    for chunk in chunks:
+        parts = [getattr(chunk, name) for name in FIELDS]
+        if not columns:
+            columns = [_Column(p.dtype) for p in parts]
+        for column, part in zip(columns, parts):
+            column.put(n, part)
+        n += len(chunk)
+    _release_arrow_memory()
+    if not columns:
         return Ratings(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64))
-    columns = []
-    for name in FIELDS:
-        pieces = [getattr(p, name) for p in parts]
-        for p in parts:
-            setattr(p, name, None)
-        if any(x.dtype == object for x in pieces) and name in ("users", "items"):
-            pieces = [x if x.dtype == object else x.astype(str).astype(object) for x in pieces]
-        columns.append(np.concatenate(pieces))
-        del pieces
-    return Ratings(*columns)
+    return Ratings(*(column.done(n) for column in columns))
+
+
+class _Column:
+    """A column filled chunk by chunk, grown in place (or, for text ids, kept as pieces)."""
+
+    def __init__(self, dtype) -> None:
+        self.array = np.empty(1 << 16, dtype) if dtype != object else None
+        self.pieces: list[np.ndarray] = []
+
+    def put(self, at: int, part: np.ndarray) -> None:
+        if self.array is not None and part.dtype == object:   # text ids after int ones: all text
+            self.pieces, self.array = [self.array[:at].astype(str).astype(object)], None
+        if self.array is None:
+            self.pieces.append(part.astype(str).astype(object) if part.dtype != object else part)
+            return
+        if at + len(part) > len(self.array):
+            self.array.resize(max(at + len(part), int(len(self.array) * 1.5)), refcheck=False)
+        self.array[at:at + len(part)] = part
+
+    def done(self, n: int) -> np.ndarray:
+        if self.array is None:
+            return np.concatenate(self.pieces) if self.pieces else np.empty(0, object)
+        self.array.resize(n, refcheck=False)
+        return self.array
+
+
+def _release_arrow_memory() -> None:
+    """Give the memory pyarrow's pool kept from parsing back to the system."""
+    try:
+        import pyarrow as pa
+        pa.default_memory_pool().release_unused()
+    except (ImportError, AttributeError):
+        pass
 
 
 def order_ratings(ratings: Ratings, order: str, seed: int = 0) -> Ratings:
