@@ -248,3 +248,17 @@ def mode_of(model, ldp: object | None = None) -> PrivacyMode:
     if ldp is not None and not declared.central:
         return PrivacyMode.LDP
     return declared
+
+
+def surface_table() -> str:
+    """The surface table of every mode as Markdown (README: one source of truth, this table).
+
+    >>> surface_table().splitlines()[0].startswith("| surface | none |")
+    True
+    """
+    modes = list(PrivacyMode)
+    lines = ["| surface | " + " | ".join(m.value for m in modes) + " |",
+             "|---|" + "---|" * len(modes)]
+    lines += [f"| {name} | " + " | ".join(m.surface(name) for m in modes) + " |" for name in SURFACES]
+    lines.append("| relations | " + " | ".join(", ".join(m.relations) or "-" for m in modes) + " |")
+    return "\n".join(lines)

@@ -13,7 +13,6 @@ covers" has the full table).
 - ``public_capacity``: in a DP mode the model's shape comes from public parameters only. The sketch
   width was the exact count of distinct users + items (defect D4: replacing the only rating of
   one of ML-100k's 141 single-rating items changed the released width 10500 -> 10496).
-- ``public_stats``: /stats and /metrics, through ``release``.
 - ``access_control_default``: per-user answers need a credential in every privacy mode.
 """
 
@@ -51,10 +50,6 @@ FIELDS: dict[str, str] = {
                      "unseen_error_mean", "unseen_error_var", "unseen_window", "unseen_total",
                      "kld_alert_threshold", "kld_alert", "kld_note"), "monitor"),
 }
-# the /stats fields of the DP modes (the exact counts of a pass's plan, "ratings", "steps",
-# "train_kept", are operator state: with N public, add/remove would become replace-one)
-PUBLIC_STATS = tuple(k for k, v in FIELDS.items() if v == "health")
-
 
 def release(mode: PrivacyMode, values: dict) -> dict:
     """The public view of ``values`` in ``mode``: outside the central-DP modes everything (their
@@ -124,14 +119,6 @@ def check_public_shape(private: bool, capacity: int, option: int | None) -> None
     if private and capacity != public_capacity(True, option):
         raise ValueError(f"in a DP mode the capacity must come from --capacity (or the public "
                          f"default {DEFAULT_DP_CAPACITY}), not from the data (got {capacity})")
-
-
-def public_stats(stats: dict, mode: PrivacyMode | bool) -> dict:
-    """What /stats and /metrics show: ``release`` of the service's stats (``mode`` may still be a
-    bool, "a central-DP mode", from callers that have not moved to modes)."""
-    if isinstance(mode, bool):
-        mode = PrivacyMode.DP_SGD_RATING if mode else PrivacyMode.NONE
-    return release(mode, stats)
 
 
 def service_mode(service) -> PrivacyMode:

@@ -16,11 +16,6 @@ from sketchrec.privacy.mode import PrivacyMode, mode_of
 NOT_COVERED = "not covered by any privacy guarantee: exact operator state (admin only)"
 
 
-def central_dp(model) -> bool:
-    """Whether the model's releases are accounted (DP-SGD, SGLD-DP or a joint-DP model)."""
-    return mode_of(model).central
-
-
 def privacy_figures(model, monitor=None, audit: dict | None = None, ledger=None,
                     ldp=None) -> dict:
     """The training mode's guarantee (and whether it is proven), the monitor's figures (not in

@@ -190,7 +190,7 @@ class JointService(LearningService):
         return self.recommender.n_train
 
     def stats(self) -> dict:
-        """The base service's fields; the exact counts stay operator state (``public_stats``)."""
+        """The base service's fields; the exact counts stay operator state (``privacy.release``)."""
         rec = self.recommender
         return {"ratings_learned": self.ratings_learned, "skipped": dict(self.skipped),
                 "model_bytes": rec.nbytes, "serving_bytes": rec.nbytes,
