@@ -15,7 +15,6 @@ import pytest
 from sketchrec.data import SyntheticStream, read_ratings
 from sketchrec.models import SketchMF
 from sketchrec.models.mix import Experts
-from sketchrec.privacy.access import KEY_ENV, UserTokens
 from sketchrec.stream.checkpoint import CheckpointStore
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
@@ -148,7 +147,7 @@ def test_a_read_replica_moves_to_a_newer_checkpoint(tmp_path):
     replica = LearningService.from_checkpoint(tmp_path)
     before = _segments()
     pool = WorkerPool(replica, ("127.0.0.1", 0), 1, access=True, reload_every=0.1).start()   # one reader: lean
-    token = {"token": UserTokens(bytes.fromhex(pool.env[KEY_ENV])).mint("3")}   # the learner's key
+    token = {"token": pool.user_tokens.mint("3")}   # the learner's key
     try:
         assert httpx.get(f"{pool.url}/stats").json()["ratings_learned"] == 5000
         assert httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4"}).status_code == 401

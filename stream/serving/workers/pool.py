@@ -120,14 +120,15 @@ class WorkerPool:
     def _start(self, timeout: float) -> "WorkerPool":
         from sketchrec.stream.serving.http import create_app, resolve_access
         tokens = resolve_access(self.service, self.access)
-        self.env = dict(os.environ)
-        if tokens is not None:   # the readers verify user tokens under the same key
-            from sketchrec.privacy.access import KEY_ENV
-            self.env[KEY_ENV] = tokens._key.hex()
+        from sketchrec.privacy.access import KEY_ENV
         from sketchrec.privacy.admin_token import ENV
-        self.env.pop(ENV, None)
-        if self.admin_token:
-            self.env[ENV] = self.admin_token
+        # the secrets (the user-token key the readers verify under, the admin token) go down a pipe
+        # each reader reads once (``_spawn``), never into its environment: /proc/PID/environ is
+        # readable by every process of the same user for as long as the reader runs
+        self.env = {k: v for k, v in os.environ.items() if k not in (KEY_ENV, ENV)}
+        self.user_tokens = tokens
+        self._secrets = json.dumps({"user_token_key": None if tokens is None else tokens._key.hex(),
+                                    "admin_token": self.admin_token}).encode()
         self.access_flag = "on" if tokens is not None else "off"
         self.app = create_app(self.service, self.admin_token, tokens or False)
         self.publisher = Publisher(self.service)
@@ -165,10 +166,20 @@ class WorkerPool:
     def _spawn(self, index: int) -> subprocess.Popen:
         self.block.ctl[READY_BASE + index] = 0
         admin_url = "http://127.0.0.1:%d" % self.admin_sock.getsockname()[1]
-        return subprocess.Popen(
-            [sys.executable, "-m", "sketchrec.stream.serving.workers.reader", self.block.name,
-             str(self.sock.fileno()), str(index), admin_url, self.access_flag, str(self.nice)],
-            pass_fds=(self.sock.fileno(),), env=self.env, stdin=subprocess.DEVNULL)
+        secrets_in, secrets_out = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sketchrec.stream.serving.workers.reader", self.block.name,
+                 str(self.sock.fileno()), str(index), admin_url, self.access_flag, str(self.nice), str(secrets_in)],
+                pass_fds=(self.sock.fileno(), secrets_in), env=self.env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            os.close(secrets_out)
+            raise
+        finally:
+            os.close(secrets_in)
+        with os.fdopen(secrets_out, "wb") as pipe:   # far below a pipe's buffer: never blocks
+            pipe.write(self._secrets)
+        return proc
 
     # running ----------------------------------------------------------------------------------
     def _publish_loop(self) -> None:

@@ -8,7 +8,7 @@ forwarded to the learner's loopback endpoint. When the learner moves to a new bl
 replica that loaded a newer checkpoint) the follower attaches to it and swaps the recommender in
 one reference assignment, as ``LearningService.reload_if_newer`` does.
 
-Run as ``python -m sketchrec.stream.serving.workers.reader BLOCK FD INDEX ADMIN_URL ACCESS NICE``: it serves
+Run as ``python -m sketchrec.stream.serving.workers.reader BLOCK FD INDEX ADMIN_URL ACCESS NICE SECRETS_FD``: it serves
 the listening socket FD (inherited) until SIGINT/SIGTERM, or until its parent is gone.
 """
 
@@ -223,14 +223,20 @@ class ReplicaService:
 
 def reader_main(argv: list[str]) -> int:
     """The reader process (see module docstring)."""
-    from sketchrec.privacy.admin_token import ENV
+    from sketchrec.privacy.access import UserTokens
     from sketchrec.stream.serving import server as servers
     from sketchrec.stream.serving.http import create_app
-    name, fd, index, admin_url, access, nice = argv
+    name, fd, index, admin_url, access, nice, secrets_fd = argv
+    with os.fdopen(int(secrets_fd), "rb") as pipe:   # the pool's secrets: never in our environment
+        secrets = json.loads(pipe.read())
     os.nice(int(nice))   # > 0: the learner (and its learning rate) goes first on a busy machine
     block = SharedBlock.attach(name)
-    service = ReplicaService(block, admin_url or None, os.environ.get(ENV))
-    app = create_app(service, service.admin_token, {"on": True, "off": False}[access])
+    service = ReplicaService(block, admin_url or None, secrets["admin_token"])
+    key = secrets["user_token_key"]
+    if access == "on" and key is None:
+        raise SystemExit("reader: per-user access control is on but the pool sent no user-token key")
+    tokens = UserTokens(bytes.fromhex(key)) if access == "on" else False
+    app = create_app(service, service.admin_token, tokens)
     server = servers.uvicorn_server(app)
     stop = threading.Event()
     threading.Thread(target=service.follow_forever, args=(stop,), daemon=True, name="follow").start()
