@@ -34,7 +34,7 @@ PRIVACY_ARGS = {"none": [], "clip-loss": ["--clip-loss", "1"], "sgld": ["--sgld"
                 "sgld-dp": ["--sgld-dp", "1"], "dp-sgd-rating": ["--dp-noise", "1"],
                 "dp-sgd-user": ["--dp-noise", "1", "--dp-unit", "user", "--dp-user-cap", "20"],
                 "joint-rating": KIND_ARGS["joint"], "joint-user": [*KIND_ARGS["joint"], "--dp-unit", "user"],
-                "ldp": ["--holdout", "0.2", "--ldp-epsilon", "2"]}
+                "ldp": ["--holdout", "0.2", "--ldp-epsilon", "2", "--ldp-range", "1,5"]}
 SERVE = ["--serve", "127.0.0.1:0", "--admin-token", "backend-token"]
 CELLS = [(kind, axis, value) for kind in KINDS for axis, values in AXES.items() for value in values]
 
