@@ -86,7 +86,7 @@ def write_checkpoint(path: Path, directory: Path, limit: int | None = None) -> P
     return directory / "ckpt"
 
 
-def _wait_up(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_up(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -164,7 +164,7 @@ class Recommender:
         index = snap.index if snap is not None else None
         return {"model": int(self.model.nbytes), "pairs_seen": int(self.pairs_seen.nbytes),
                 "users_seen": int(self.users_seen.nbytes),
-                "popularity": int(self.popularity.sketch.nbytes) + _tracked_bytes(self.popularity),
+                "popularity": _popularity_bytes(self.popularity),
                 "catalogue": int(getattr(self.catalogue, "nbytes", 0)),
                 "item_snapshot": int(snap.nbytes) if snap is not None else 0,
                 "retrieval_index": int(index.nbytes) if index is not None else 0,
@@ -314,12 +314,14 @@ class Recommender:
         return rec
 
 
-def _tracked_bytes(popularity) -> int:
-    """Bytes of a heavy-hitters list's ids beside its sketch (at most its capacity of them)."""
-    tracked = getattr(popularity, "_tracked", None)
-    if tracked is None:
-        return 0
-    return sys.getsizeof(tracked) + sum(sys.getsizeof(i) for i in list(tracked))
+def _popularity_bytes(popularity) -> int:
+    """Bytes of the count-min sketch and the heavy-hitters list's ids (at most its capacity of
+    them); a reader's published list has no sketch of its own."""
+    sketch, tracked = getattr(popularity, "sketch", None), getattr(popularity, "_tracked", None)
+    size = int(sketch.nbytes) if sketch is not None else 0
+    if tracked is not None:
+        size += sys.getsizeof(tracked) + sum(sys.getsizeof(i) for i in list(tracked))
+    return size
 
 
 def _view(catalogue) -> tuple[list, np.ndarray, int]:

@@ -86,3 +86,21 @@ def test_a_dp_model_ranks_by_its_scores_alone():
         scores = rec.model.score_items(5, np.array([i for i, _ in top]))
         served[private] = np.allclose([s for _, s in top], scores, atol=1e-4)
     assert served == {False: False, True: True}
+
+
+def test_per_row_counts_follow_their_items_when_the_catalogue_is_compacted():
+    """After a compaction renumbers the rows, an item kept carries its all-time and recent counts
+    to its new row and an item new to the catalogue starts from nothing; the state never holds
+    more rows than the catalogue."""
+    from sketchrec.stream.served_ranking import ServedRanking
+    ranking = ServedRanking()
+    keys = np.array([11, 22, 33, 44], dtype=np.uint64)
+    ranking.popularity(np.array([5.0, 1.0, 9.0, 2.0]), 17, keys)
+    before = ranking.recent.counts.copy()
+    compacted = np.array([33, 11, 55], dtype=np.uint64)   # 22 and 44 evicted, 55 new
+    counts = ranking.popularity(np.array([9.0, 5.0, 3.0]), 17, compacted)
+    assert counts[0].tolist() == [9.0, 5.0, 3.0]
+    # nothing was learned in between: the kept items' recent counts are unchanged
+    assert np.allclose(counts[1:, :2], before[:, [2, 0]])
+    assert np.allclose(counts[1:, 2], 3.0)   # the new item's count, all of it recent
+    assert ranking.recent.counts.shape[1] == 3 and ranking.nbytes > 0

@@ -1,0 +1,21 @@
+"""`sketchrec bench serving --quick --json` runs and its last line is the JSON report with the
+figures while learning and without (its figures are not asserted: speed is measured by the
+benchmark, never by tests)."""
+
+import json
+
+import pytest
+
+from sketchrec.cli import sketchrec_main
+
+
+@pytest.mark.usefixtures("ml100k")
+def test_bench_serving_quick_prints_the_json_keys(capsys):
+    assert sketchrec_main(["bench", "serving", "--quick", "--json", "--client", "httpx"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for run in ("learning", "baseline"):
+        assert {"requests_per_s", "p99_ms", "server_cpu_us_per_request"} <= set(report[run])
+        assert report[run]["requests"] > 0 and report[run]["errors"] == 0
+    assert "learning_kept" in report["learning"]
+    assert set(report["targets"]) == {"requests_per_s", "p99_ms", "learning_kept"}
+    assert isinstance(report["met"], bool)
