@@ -11,6 +11,7 @@ addresses and signs are identical across processes and machines.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Hashable, Iterable
 
 import mmh3
@@ -83,6 +84,37 @@ def keys_of(ids: Iterable[Hashable] | np.ndarray, seed: int = 0) -> np.ndarray:
         key = cache.get(item_id)
         if key is None:
             key = cache[item_id] = key_of(item_id, seed)
+        out[n] = key
+    return out
+
+
+def keyed_key_of(item_id: Hashable, secret: bytes) -> int:
+    """The 64-bit key of one id under a secret: keyed BLAKE2b, a pseudorandom function.
+
+    ``key_of``'s MurmurHash3 is public and invertible (whoever knows the code constructs an id with
+    any key, or two ids with one key, seed or no seed); without ``secret`` nobody can. Same
+    canonical bytes as ``key_of`` (5 and "5" are one id)."""
+    digest = hashlib.blake2b(id_bytes(item_id), digest_size=8, key=secret, person=b"sketchrec-id").digest()
+    return int.from_bytes(digest, "little")
+
+
+def keyed_keys_of(ids: Iterable[Hashable] | np.ndarray, secret: bytes) -> np.ndarray:
+    """Keys of many ids under a secret (``keyed_key_of``), as a uint64 array; each distinct id is
+    hashed once."""
+    arr = ids if isinstance(ids, np.ndarray) else np.asarray(list(ids), dtype=object)
+    flat = arr.reshape(-1)
+    if flat.size == 0:
+        return np.empty(0, dtype=KEY_DTYPE)
+    if flat.dtype.kind in "iu":   # few distinct ids per batch: hash each once
+        distinct, inverse = np.unique(flat, return_inverse=True)
+        keys = np.array([keyed_key_of(int(v), secret) for v in distinct], dtype=KEY_DTYPE)
+        return keys[inverse.reshape(-1)]
+    cache: dict = {}
+    out = np.empty(flat.size, dtype=KEY_DTYPE)
+    for n, item_id in enumerate(flat):
+        key = cache.get((type(item_id), item_id))
+        if key is None:
+            key = cache[(type(item_id), item_id)] = keyed_key_of(item_id, secret)
         out[n] = key
     return out
 
