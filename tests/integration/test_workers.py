@@ -5,6 +5,10 @@ import json
 import math
 import multiprocessing
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -186,3 +190,185 @@ def test_a_catalogue_beyond_the_block_is_mirrored_as_a_prefix_and_said_once(capl
         assert len(rec.catalogue) == 15
     finally:
         block.unlink()   # (the model's arrays live in it: unlinked, not closed, as WorkerPool.stop)
+
+
+# --- supervision and health with real processes: a learner (`sketchrec serve --workers 2`) and its
+# readers, stopped, killed and signalled -------------------------------------------------------------
+
+def _checkpoint(tmp_path) -> str:
+    data = SyntheticStream(n_ratings=4000, n_users=200, n_items=150, seed=1).all()
+    rec = Recommender(SketchMF(capacity=400, dim=8), pair_capacity=20_000)
+    rec.learn_many(data.users, data.items, data.ratings)
+    LearningService(rec, CheckpointStore(tmp_path)).checkpoint()
+    return str(tmp_path)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _learner(ckpt: str, port: int, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", ckpt,
+                             "--workers", "2", "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _readers(learner_pid: int) -> list[int]:
+    """Reader processes of that learner still running (their command line names its block)."""
+    mark = f"{PREFIX}{learner_pid}-".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    zombie = f.read().rpartition(b")")[2].split()[0] == b"Z"
+            except OSError:
+                continue
+            if mark in cmd and b"supervision.py" in cmd and not zombie:
+                found.append(int(entry))
+    return found
+
+
+def _until(check, timeout: float, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(step)
+    return check()
+
+
+def _healthz(port: int) -> tuple[int, dict] | None:
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+        return r.status_code, r.json()
+    except httpx.TransportError:
+        return None
+
+
+def _ready(proc, port: int, timeout: float = 300.0) -> None:
+    """Until /healthz is 200 (a cold numba cache compiles for minutes on a busy machine)."""
+    ok = _until(lambda: proc.poll() is not None or (_healthz(port) or (0,))[0] == 200, timeout, 0.2)
+    assert ok and proc.poll() is None, proc.communicate(timeout=10)[1] if proc.poll() is not None else "slow"
+
+
+def _binds(port: int) -> bool:
+    try:
+        socket.create_server(("127.0.0.1", port)).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_healthz_of_the_readers_is_503_within_ten_seconds_of_the_learner_stopping(tmp_path):
+    """Before: readers said ok while their learner was frozen (SIGSTOP) for minutes."""
+    port = _port()
+    proc = _learner(_checkpoint(tmp_path), port)
+    try:
+        _ready(proc, port)
+        os.kill(proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        answer = _until(lambda: (h := _healthz(port)) and h[0] == 503 and h, 15)
+        assert answer and time.monotonic() - t0 < 10, answer
+        assert any(why.startswith("learner not responding") for why in answer[1]["reasons"])
+        assert len(_readers(proc.pid)) == 2   # stopped for less than the watchdog: kept
+        os.kill(proc.pid, signal.SIGCONT)
+        assert _until(lambda: (_healthz(port) or (0,))[0] == 200, 10)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("when", ["a reader starting", "readers serving"])
+def test_readers_never_outlive_a_learner_killed_and_a_restart_binds(tmp_path, when):
+    """Before: a learner kill -9'd while its readers started left them running, answering from a
+    dead model and holding the port: the restart failed with 'Address already in use'."""
+    ckpt, port = _checkpoint(tmp_path), _port()
+    proc = _learner(ckpt, port)
+    try:
+        if when == "a reader starting":   # the first reader exists, its imports not done
+            assert _until(lambda: _readers(proc.pid), 300, 0.005), "no reader started"
+        else:
+            _ready(proc, port)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert _until(lambda: not _readers(proc.pid), 5), f"readers outlived the learner: {_readers(proc.pid)}"
+        assert _until(lambda: _binds(port), 5), "the port is still held"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+    again = _learner(ckpt, port)
+    try:
+        _ready(again, port)
+    finally:
+        again.terminate()
+        again.communicate(timeout=30)
+
+
+def test_a_reader_started_by_another_process_ends_with_its_learner(tmp_path):
+    """The parent-death signal only covers the process that started a reader: the watchdog (the
+    learner's pid and heartbeat in the block) ends one started by anybody else."""
+    from sketchrec.stream.serving.workers import supervision
+    port = _port()
+    learner = _learner(_checkpoint(tmp_path), port)
+    strays = []
+    try:
+        _ready(learner, port)
+        block = next(n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{learner.pid}-"))
+        env = {k: v for k, v in os.environ.items() if k != supervision.PARENT_ENV}
+        for watchdog in ("60", "3"):
+            sock = socket.create_server(("127.0.0.1", 0))
+            secrets_in, secrets_out = os.pipe()   # a reader takes its secrets from a pipe
+            os.write(secrets_out, json.dumps({"user_token_key": None, "admin_token": None}).encode())
+            os.close(secrets_out)
+            strays.append((subprocess.Popen(
+                [sys.executable, supervision.__file__, block, str(sock.fileno()), "9", "", "off", "0",
+                 str(secrets_in)], pass_fds=(sock.fileno(), secrets_in),
+                env={**env, supervision.WATCHDOG_ENV: watchdog},
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), sock))
+            os.close(secrets_in)
+        for stray, sock in strays:
+            assert _until(lambda: (_healthz(sock.getsockname()[1]) or (0,))[0] == 200, 300), "no answer"
+        os.kill(learner.pid, signal.SIGSTOP)   # frozen: the reader with a 3 s watchdog ends
+        short, long_ = strays[1][0], strays[0][0]
+        assert short.wait(timeout=20) == 0 and "no heartbeat from learner" in short.communicate()[1]
+        assert long_.poll() is None
+        os.kill(learner.pid, signal.SIGKILL)   # gone: the other ends too
+        assert long_.wait(timeout=10) == 0 and "ended" in long_.communicate()[1]
+    finally:
+        os.kill(learner.pid, signal.SIGCONT)
+        for stray, sock in strays:
+            if stray.poll() is None:
+                stray.kill()
+            sock.close()
+        if learner.poll() is None:
+            learner.kill()
+        learner.communicate(timeout=10)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to the learner", "Ctrl-C to the group"])
+def test_a_stop_during_worker_start_up_ends_quietly(tmp_path, how):
+    """Before: a KeyboardInterrupt traceback."""
+    port = _port()
+    proc = _learner(_checkpoint(tmp_path), port, start_new_session=True)
+    try:
+        assert _until(lambda: _readers(proc.pid), 300, 0.005), "no reader started"
+        time.sleep(0.3)   # the readers are importing
+        if how == "SIGTERM to the learner":
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert _until(lambda: not _readers(proc.pid), 10) and _binds(port)

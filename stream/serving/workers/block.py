@@ -24,6 +24,10 @@ Consistency a reader gets:
 The sequence lock relies on stores not being reordered with stores nor loads with loads (x86-64's
 memory model; CPython does not reorder them either).
 
+The learner also beats a heartbeat into the block (``beat``: the monotonic clock, system-wide on
+Linux, every ``PUBLISH_S``) and names its pid in the header (``learner_pid``): a reader judges the
+learner's liveness from them (``heartbeat_age``), whoever started it.
+
 >>> from sketchrec.models import SketchMF
 >>> from sketchrec.stream.recommender import Recommender
 >>> rec = Recommender(SketchMF(capacity=50, dim=4, width=64), pair_capacity=100, user_capacity=100)
@@ -56,7 +60,7 @@ from sketchrec.stream.serving.workers.binding import bind_model, model_arrays, s
 PREFIX = "sketchrec-"   # segment names: /dev/shm/sketchrec-<pid>-<n> on Linux
 PUBLISH_S = 0.05        # the learner publishes catalogue, popular list and figures this often
 HEADER_BYTES = 1 << 16
-SEQ, LENGTH, CLOSED = 0, 1, 2   # control words (int64) after the header
+SEQ, LENGTH, CLOSED, HEARTBEAT = 0, 1, 2, 3   # control words (int64) after the header
 _CTL_WORDS = 64
 _ALIGN = 64
 _names = itertools.count()
@@ -101,6 +105,7 @@ class SharedBlock:
             specs[name] = [offset, a.dtype.str, list(a.shape)]
             offset += a.nbytes
         header = {"model_class": type(model).__name__, "params": model.params(), "arrays": specs,
+                  "learner_pid": os.getpid(),
                   "pairs_seen": recommender.pairs_seen.params(),
                   "users_seen": recommender.users_seen.params(), **(extra or {})}
         raw = json.dumps(header).encode()
@@ -110,6 +115,7 @@ class SharedBlock:
         shm.buf[:8] = len(raw).to_bytes(8, "little")
         shm.buf[8:8 + len(raw)] = raw
         block = cls(shm, header, owner=True)
+        block.beat()
         _created.add(shm._name)
         views = {name: block.view(name) for name in arrays}
         for name, a in arrays.items():
@@ -200,6 +206,15 @@ class SharedBlock:
             if int(self.ctl[SEQ]) == seq:
                 return seq, json.loads(raw)
         return seen, None
+
+    # the learner's liveness ---------------------------------------------------------------------
+    def beat(self) -> None:
+        """Owner: the learner is alive now."""
+        self.ctl[HEARTBEAT] = time.monotonic_ns()
+
+    def heartbeat_age(self) -> float:
+        """Seconds since the learner's last ``beat``."""
+        return (time.monotonic_ns() - int(self.ctl[HEARTBEAT])) / 1e9
 
     @property
     def closed(self) -> bool:

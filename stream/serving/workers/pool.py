@@ -10,6 +10,10 @@ forward the admin verbs to (pause, resume, checkpoint: they act on the learner),
 ``learner_serves``, on the public socket too. A read replica (a read-only service) reloads a
 newer checkpoint into a NEW block and tells the readers to move to it, so no reader ever sees a
 mix of two checkpoints; the old block is unlinked a few seconds later.
+
+Readers never outlive the learner (``supervision``): each is started through ``supervision.py``,
+which asks for the parent-death signal before any heavy import, and watches the learner's pid and
+the heartbeat the publisher beats into the block; they run in a process group of their own.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import threading
 import time
 
 from sketchrec.stream.health import log_event
+from sketchrec.stream.serving.workers import supervision
 from sketchrec.stream.serving.workers.reader import READY_BASE
-from sketchrec.stream.serving.server import uvicorn_server
+from sketchrec.stream.serving.workers.supervision import PARENT_ENV
+from sketchrec.stream.serving.server import listen, uvicorn_server
 from sketchrec.stream.serving.workers.block import PUBLISH_S, SharedBlock, shareable
 
 __all__ = ["WorkerPool", "default_workers", "shareable"]
@@ -92,7 +98,7 @@ class WorkerPool:
     """``workers`` reader processes serving ``service`` on ``listen`` (see module docstring);
     the same interface as ``server.ServerThread`` (``url``, ``port``, ``thread``, ``stop``)."""
 
-    def __init__(self, service, listen: tuple[str, int], workers: int, admin_token: str | None = None,
+    def __init__(self, service, address: tuple[str, int], workers: int, admin_token: str | None = None,
                  access="auto", learner_serves: bool = False, reload_every: float | None = None,
                  nice: int = 0):
         if not shareable(service.recommender):
@@ -100,17 +106,19 @@ class WorkerPool:
                              "from several processes")
         self.service, self.workers, self.learner_serves = service, int(workers), learner_serves
         self.admin_token, self.access, self.reload_every = admin_token, access, reload_every
-        self.host, self.nice = listen[0], int(nice)
-        self.sock = socket.create_server(listen, backlog=2048)
+        self.host, self.nice = address[0], int(nice)
+        self.sock = listen(*address)
         self.sock.set_inheritable(True)
         self.blocks: list[tuple[SharedBlock, float]] = []   # (block, unlink after): moved away from
         self.procs: list[subprocess.Popen | None] = []
         self._stop = threading.Event()
 
     # starting ---------------------------------------------------------------------------------
-    def start(self, timeout: float = 60.0) -> "WorkerPool":
+    def start(self, timeout: float = 600.0) -> "WorkerPool":
         """Start the learner's server, the readers and the publisher; return when every reader
-        answers (RuntimeError after ``timeout`` s; on any exception everything is stopped)."""
+        answers (RuntimeError after ``timeout`` s: generous, since readers on a cold numba cache
+        compile for minutes on a busy machine, and a reader that dies is seen at once; on any
+        exception everything is stopped)."""
         try:
             return self._start(timeout)
         except BaseException:
@@ -129,6 +137,7 @@ class WorkerPool:
         self.user_tokens = tokens
         self._secrets = json.dumps({"user_token_key": None if tokens is None else tokens._key.hex(),
                                     "admin_token": self.admin_token}).encode()
+        self.env[PARENT_ENV] = str(os.getpid())   # a reader started after this process died exits
         self.access_flag = "on" if tokens is not None else "off"
         self.app = create_app(self.service, self.admin_token, tokens or False)
         self.publisher = Publisher(self.service)
@@ -169,9 +178,12 @@ class WorkerPool:
         secrets_in, secrets_out = os.pipe()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "sketchrec.stream.serving.workers.reader", self.block.name,
+                [sys.executable, supervision.__file__, self.block.name,
                  str(self.sock.fileno()), str(index), admin_url, self.access_flag, str(self.nice), str(secrets_in)],
-                pass_fds=(self.sock.fileno(), secrets_in), env=self.env, stdin=subprocess.DEVNULL)
+                pass_fds=(self.sock.fileno(), secrets_in), env=self.env, stdin=subprocess.DEVNULL,
+                # a group of their own: a terminal's Ctrl-C reaches the learner, which stops them
+                # (one mid-start-up would print a KeyboardInterrupt traceback)
+                process_group=0)
         except BaseException:
             os.close(secrets_out)
             raise
@@ -185,6 +197,7 @@ class WorkerPool:
     def _publish_loop(self) -> None:
         next_reload = time.monotonic() + (self.reload_every or 0)
         while not self._stop.wait(PUBLISH_S):
+            self.block.beat()   # the readers' watchdog and health read it
             if self.reload_every and time.monotonic() >= next_reload:
                 next_reload = time.monotonic() + self.reload_every
                 if self.service.reload_if_newer():

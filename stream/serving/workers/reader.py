@@ -8,12 +8,17 @@ forwarded to the learner's loopback endpoint. When the learner moves to a new bl
 replica that loaded a newer checkpoint) the follower attaches to it and swaps the recommender in
 one reference assignment, as ``LearningService.reload_if_newer`` does.
 
-Run as ``python -m sketchrec.stream.serving.workers.reader BLOCK FD INDEX ADMIN_URL ACCESS NICE SECRETS_FD``: it serves
-the listening socket FD (inherited) until SIGINT/SIGTERM, or until its parent is gone.
+Run as ``python -m sketchrec.stream.serving.workers.reader BLOCK FD INDEX ADMIN_URL ACCESS NICE SECRETS_FD`` (the
+pool runs ``supervision.py`` by path, which guards first): it serves the listening socket FD
+(inherited) until SIGINT/SIGTERM, or until its learner is gone (``supervision``: the parent-death
+signal and the watchdog on the block's heartbeat). /healthz answers 503 once the learner's
+heartbeat is older than ``HEARTBEAT_STALE_S`` (a stalled or frozen learner), with the learner's
+own published problems (broker, lag, checkpoints) beside the reader's.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -30,8 +35,13 @@ from sketchrec.stream.health import Health
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.workers.block import SharedBlock
+from sketchrec.stream.serving.workers.supervision import PARENT_ENV, guard, orphaned, watchdog_s
+
+__all__ = ["PARENT_ENV", "READY_BASE", "ReplicaService", "reader_main"]
 
 POLL_S = 0.025   # how often a reader looks for a newer published document
+HEARTBEAT_STALE_S = 3.0   # a learner silent this long is reported on /healthz (it beats every 50 ms)
+WATCH_EVERY = 20          # polls between two checks that the learner is alive (0.5 s)
 READY_BASE = 4   # control word READY_BASE + index: reader ``index`` is up (its pid)
 
 
@@ -126,15 +136,19 @@ class ReplicaRecommender(Recommender):
 
 
 class ReplicaHealth(Health):
-    """This reader's readiness (its own warm-up) and the learner's published problems."""
+    """This reader's readiness (its own warm-up), the learner's heartbeat in the block and the
+    learner's published problems."""
 
-    def __init__(self):
+    def __init__(self, heartbeat_age=lambda: 0.0):
         super().__init__()
         self.published: dict = {"problems": [], "stats": {}}
+        self.heartbeat_age = heartbeat_age
 
     def problems(self) -> list[str]:
-        return super().problems() + [p for p in self.published["problems"]
-                                     if not (p.startswith("model not ready") and self.ready)]
+        age = self.heartbeat_age()
+        stale = [f"learner not responding (no heartbeat for {age:.0f} s)"] if age > HEARTBEAT_STALE_S else []
+        return super().problems() + stale + [p for p in self.published["problems"]
+                                             if not (p.startswith("model not ready") and self.ready)]
 
     def broker(self) -> dict | None:
         return self.published["stats"].get("broker")
@@ -148,7 +162,7 @@ class ReplicaService:
         self.read_only = bool(block.header.get("read_only"))
         self.checkpoints = True if block.header.get("checkpoints") else None   # the learner has a store
         self.origin = block.header.get("origin", {})
-        self.health = ReplicaHealth()
+        self.health = ReplicaHealth(lambda: self.block.heartbeat_age())
         self.recommender = ReplicaRecommender.over(block)
         self._seq = 0
         self._rate = (time.perf_counter(), self.ratings_learned)
@@ -178,10 +192,17 @@ class ReplicaService:
         return True
 
     def follow_forever(self, stop: threading.Event) -> None:
-        parent = os.getppid()
-        while not stop.wait(POLL_S):
-            if os.getppid() != parent:
-                stop.set()   # the learner is gone: no model to answer from
+        """Follow the learner's documents until it is gone (its parent, its pid, or its heartbeat
+        for longer than the watchdog's limit): then set ``stop``."""
+        parent, limit = os.getppid(), watchdog_s()
+        for n in itertools.count():
+            if stop.wait(POLL_S):
+                return
+            why = "parent ended" if os.getppid() != parent else (
+                orphaned(self.block, limit) if n % WATCH_EVERY == 0 else None)
+            if why is not None:
+                print(f"serving worker {os.getpid()} ends: {why}", file=sys.stderr, flush=True)
+                stop.set()   # no model to answer from
                 return
             self.follow()
 
@@ -223,6 +244,7 @@ class ReplicaService:
 
 def reader_main(argv: list[str]) -> int:
     """The reader process (see module docstring)."""
+    guard()   # again when run with -m: idempotent
     from sketchrec.privacy.access import UserTokens
     from sketchrec.stream.serving import server as servers
     from sketchrec.stream.serving.http import create_app
@@ -241,10 +263,10 @@ def reader_main(argv: list[str]) -> int:
     stop = threading.Event()
     threading.Thread(target=service.follow_forever, args=(stop,), daemon=True, name="follow").start()
 
-    def end_when_stopped():   # the learner is gone: end gracefully, and surely within 5 s
+    def end_when_stopped():   # the learner is gone: end gracefully, and surely within 2 s
         stop.wait()
         server.should_exit = True
-        time.sleep(5)
+        time.sleep(2)
         os._exit(0)
 
     threading.Thread(target=end_when_stopped, daemon=True).start()
