@@ -12,8 +12,8 @@ from sketchrec.cli.serve import on_stop_signal, serve_until_interrupted, start_s
 def run_member(config) -> int:
     """One fleet member (``config``: a ``consume.ConsumeConfig`` with ``fleet`` set) until stopped
     or idle. A fenced member (its delta refused: it was evicted from the group and published
-    late) rebuilds its replica and rejoins as a new member; the endpoint keeps serving. 2 when
-    the broker cannot be reached, 3 when a fenced member could not rebuild."""
+    late) rebuilds its replica and rejoins as a new member, trying again while the broker is
+    away; the endpoint keeps serving. 2 when the broker cannot be reached at start."""
     from kafka.errors import KafkaError
 
     from sketchrec.stream.fleet.member import FleetLearner, new_member_id, open_replica, rebuild
@@ -44,26 +44,32 @@ def run_member(config) -> int:
     print(f"fleet member {member} consuming {config.topic} (group {config.group}, model topic "
           f"{fleet.model_topic}); the fleet's model holds {service.ratings_learned:,} ratings",
           file=sys.stderr, flush=True)
-    rebuilt, code = 0, 0
-    while True:
-        learner.run(idle_exit=config.exit_when_idle)
-        if learner.fenced is None or stopping.is_set():
-            break
-        member = new_member_id()
-        print(f"{prog}: fenced ({learner.fenced}); rebuilding the replica from the newest snapshot "
-              f"and the model topic, rejoining as {member}", file=sys.stderr, flush=True)
-        try:
+    rebuilt = 0
+    try:
+        while True:
+            learner.run(idle_exit=config.exit_when_idle)
+            if learner.fenced is None or stopping.is_set():
+                break
+            member = new_member_id()
+            print(f"{prog}: fenced ({learner.fenced}); rebuilding the replica from the newest "
+                  f"snapshot and the model topic, rejoining as {member}", file=sys.stderr, flush=True)
             # a fleet member serves from its own process (serving.shared.shareable), whose
             # endpoint reads service.recommender at every request: the swap is all it needs
-            rebuild(service, config.bootstrap, fleet.model_topic, member)
-            learner = current[0] = join(service)
+            rejoined = _rejoin(lambda: rebuild(service, config.bootstrap, fleet.model_topic, member),
+                               lambda: join(service), stopping, service.health)
+            if rejoined is None:
+                break   # stopped while the broker was still away
+            learner = current[0] = rejoined
             rebuilt += 1
-        except (KafkaError, RuntimeError, TimeoutError) as exc:
-            print(f"{prog}: cannot rebuild the replica: {exc}", file=sys.stderr)
-            code = 3
-            break
-        if stopping.is_set():
-            learner.stop.set()
+            if stopping.is_set():
+                learner.stop.set()
+    except BaseException:
+        # an error nobody foresaw still stops the endpoint's threads before the interpreter
+        # goes down under them (the traceback, then a crash in a thread of a half-torn-down
+        # process, was how such a member ended)
+        if server is not None:
+            server.stop()
+        raise
     stats = service.stats()
     print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "prequential_rmse")},
                       "member": member, "own_ratings": learner.own, "first_at": learner.first_at,
@@ -73,7 +79,24 @@ def run_member(config) -> int:
                       "rebuilt": rebuilt}, default=float), flush=True)
     if server is not None:
         server.stop()
-    return code
+    return 0
+
+
+def _rejoin(rebuild, join, stopping: threading.Event, health):
+    """A fenced member's replica rebuilt and the member rejoined: tried again after the back-off
+    (``fleet.outage``) while the broker is stalled or gone, until it works or ``stopping``."""
+    from sketchrec.stream.fleet.outage import Outages
+    outages = Outages(health)
+    while not stopping.is_set():
+        try:
+            rebuild()
+            learner = join()
+        except Exception as exc:  # noqa: BLE001 - a broker away: KafkaError, TimeoutError, OSError
+            outages.failed("rebuild", exc)
+            continue
+        outages.ok("rebuild")
+        return learner
+    return None
 
 
 def serve_replica(args, serving) -> int:

@@ -33,108 +33,21 @@ so every replica starts from the same bytes) and reads the model topic from its 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from collections import Counter
 
 from sketchrec.models.metrics import ErrorStats
-from sketchrec.models.registry import MODELS
-from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
 from sketchrec.stream.fleet import snapshots
-from sketchrec.stream.kafka.consumer import KafkaLearner, kafka_config
-from sketchrec.stream.fleet.model_topic import (HEADER, MAX_MESSAGE_BYTES, FleetState, Fenced,
-                                                ModelFeed, encode_meta)
+from sketchrec.stream.fleet.outage import Outages
+from sketchrec.stream.fleet.replicas import (FleetReplica, ensure_fleet_topics, model_producer,  # noqa: F401
+                                             new_member_id, open_replica, rebuild, write_snapshot)
+from sketchrec.stream.kafka.consumer import KafkaLearner
+from sketchrec.stream.fleet.model_topic import HEADER, FleetState, Fenced, ModelFeed, encode_meta
 from sketchrec.stream.kafka.intake import finite_errors
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.health import log_event
-from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.service import LearningService
-
-
-def ensure_fleet_topics(bootstrap: str, model_topic: str) -> None:
-    """The model topic and its snapshots topic, one partition each (one order for every replica)."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-    admin = KafkaAdminClient(**kafka_config(bootstrap))
-    try:
-        have = set(admin.list_topics())
-        new = [NewTopic(t, num_partitions=1, replication_factor=1,
-                        topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
-               for t in (model_topic, snapshots.snapshot_topic(model_topic)) if t not in have]
-        if new:
-            try:
-                admin.create_topics(new)
-            except TopicAlreadyExistsError:
-                pass  # another member was first
-    finally:
-        admin.close()
-
-
-def model_producer(bootstrap: str):
-    # one request in flight: deltas reach the topic in the order they were taken
-    from kafka import KafkaProducer
-    return KafkaProducer(**kafka_config(bootstrap), acks="all", linger_ms=0,
-                         max_in_flight_requests_per_connection=1, max_request_size=MAX_MESSAGE_BYTES)
-
-
-def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member: str | None = None,
-                 wait: float = 60.0) -> LearningService:
-    """A service whose recommender is the newest snapshot's, with ``service.fleet`` (its
-    FleetState) and ``service.tracker`` (its DeltaTracker) set. With ``make_recommender`` and no
-    snapshot yet, that recommender's empty state is written as the first one (all members then
-    start from the same bytes, whichever wrote first); without, wait up to ``wait`` seconds."""
-    ensure_fleet_topics(bootstrap, model_topic)
-    topic = snapshots.snapshot_topic(model_topic)
-    snap, deadline = snapshots.newest(bootstrap, topic), time.monotonic() + wait
-    while snap is None:
-        if make_recommender is not None:
-            first = make_recommender()
-            producer = model_producer(bootstrap)
-            write_snapshot(producer, topic, first, FleetState(), type(first.model).__name__)
-            producer.close(timeout=10)
-        elif time.monotonic() > deadline:
-            raise TimeoutError(f"no snapshot in {topic} after {wait:g} s: start a learner first")
-        else:
-            time.sleep(0.5)
-        snap = snapshots.newest(bootstrap, topic)
-    model_cls = MODELS[snap.meta["model_class"]]
-    recommender = Recommender.from_parts(snap.parts, model_cls)
-    restore_operator_parts(recommender.model, snap.parts)
-    service = LearningService(recommender, None, read_only=make_recommender is None,
-                              model_cls=model_cls)
-    state = FleetState.from_dict(snap.meta["fleet"], member)
-    # the service's figures are the fleet's: what the accepted deltas say
-    service.errors, service.skipped, service.offsets = state.errors, state.skipped, state.covered
-    service.fleet, service.tracker = state, DeltaTracker(recommender, member)
-    service.last_checkpoint = {"name": f"snapshot@{snap.offset}", "seq": snap.offset,
-                               "ratings_learned": snap.meta.get("ratings_learned"),
-                               "at": snap.meta.get("written_at")}
-    return service
-
-
-def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: str) -> None:
-    """Replace ``service``'s replica in place (an endpoint serving it keeps serving) by the
-    newest snapshot plus the model topic, as ``member``: after its member was fenced."""
-    fresh = open_replica(bootstrap, model_topic, member=member)
-    feed = ModelFeed(bootstrap, model_topic, fresh.fleet, fresh.tracker.apply)
-    try:
-        feed.catch_up()
-        fresh.tracker.settle()
-    finally:
-        feed.close()
-    for name in ("errors", "skipped", "offsets", "fleet", "tracker", "last_checkpoint", "model_cls"):
-        setattr(service, name, getattr(fresh, name))
-    service.recommender = fresh.recommender   # last: one reference swap for the endpoint
-
-
-def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetState,
-                   model_class: str) -> int:
-    parts = {**recommender.state_parts(), **operator_parts(recommender.model)}
-    return snapshots.write(producer, topic, parts, {"fleet": state.to_dict(), "model_class": model_class,
-                                                    "ratings_learned": int(recommender.model.n_learned)})
 
 
 POLL_CHUNKS = 8    # sync-sized chunks per input poll, at most
@@ -160,6 +73,7 @@ class FleetLearner(KafkaLearner):
                  sync_ratings: int | None = None, max_poll_records: int = 20_000, **kw):
         self.state: FleetState = service.fleet
         self.tracker: DeltaTracker = service.tracker
+        self.outages = Outages(service.health)   # steps failing while the broker is stalled or gone
         self.model_topic = model_topic
         self.snapshot_topic = snapshots.snapshot_topic(model_topic)
         self.feed = ModelFeed(bootstrap, model_topic, self.state, self.tracker.apply)
@@ -296,15 +210,30 @@ class FleetLearner(KafkaLearner):
             self._publish()
             if refresh:
                 self.tracker.ready()   # what this replica serves: refreshed held slots
-            if why != "interval":
-                self.producer.flush(timeout=30)  # dead letters
-                self.model_producer.flush(timeout=60)
             self._settle_inflight()
         except Exception as exc:  # noqa: BLE001 - a delta not delivered: this replica diverged
             self._fence(f"a delta could not be published ({type(exc).__name__}: {exc}); this "
                         "replica holds learning the fleet does not: restart it")
             return False
-        self.book.checkpointed()
+        self.book.checkpointed()   # published: what the book counted is in flight
+        if why == "interval":
+            return True
+        try:   # acknowledged before partitions are given up, a snapshot, or the end
+            self.producer.flush(timeout=30)  # dead letters
+            self.model_producer.flush(timeout=60)
+        except Exception as exc:  # noqa: BLE001 - not acknowledged yet (a stalled broker): still in
+            # flight and retried by the producer; a delta it finally fails to deliver fences
+            self.outages.failed("publish", exc, wait=False)
+            return False
+        self.outages.ok("publish")
+        return self._settled()
+
+    def _settled(self) -> bool:
+        try:
+            self._settle_inflight()
+        except Exception as exc:  # noqa: BLE001 - see checkpoint()
+            self._fence(f"a delta could not be published ({type(exc).__name__}: {exc})")
+            return False
         return True
 
     def _publish(self) -> None:
@@ -344,10 +273,15 @@ class FleetLearner(KafkaLearner):
         """Add the other members' deltas that have arrived (their number); fenced if this
         member's own delta was refused."""
         try:
-            return self.feed.poll(timeout_ms)
+            read = self.feed.poll(timeout_ms)
         except Fenced as exc:
             self._fence(str(exc))
             return 0
+        except Exception as exc:  # noqa: BLE001 - a stalled broker: read again after the back-off
+            self.outages.failed("model topic read", exc)
+            return 0
+        self.outages.ok("model topic read")
+        return read
 
     def _fence(self, why: str) -> None:
         self.fenced = Fenced(why)
@@ -382,12 +316,17 @@ class FleetLearner(KafkaLearner):
             return None
         try:
             self.feed.catch_up()
+            self.tracker.settle()
+            offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
+                                    self.state, self.service.model_cls.__name__)
         except Fenced as exc:
             self._fence(str(exc))
             return None
-        self.tracker.settle()
-        offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
-                                self.state, self.service.model_cls.__name__)
+        except Exception as exc:  # noqa: BLE001 - a stalled broker: the next interval tries again
+            # (a snapshot half written has no manifest: readers ignore it)
+            self.outages.failed("snapshot", exc)
+            return None
+        self.outages.ok("snapshot")
         log_event("snapshot", offset=offset, position=self.state.position,
                   ratings=self.service.ratings_learned)
         return offset
@@ -405,38 +344,7 @@ class FleetLearner(KafkaLearner):
                 self.tracker.settle()
         except Fenced as exc:
             self.fenced = exc
+        except Exception as exc:  # noqa: BLE001 - the broker is gone at the end: what was read stays
+            self.outages.failed("final model topic read", exc, wait=False)
         finally:
             self.feed.close()
-
-
-def new_member_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-class FleetReplica:
-    """A read-only replica: a thread adds every accepted delta of the model topic to the service
-    that ``open_replica`` built, until ``stop`` is set."""
-
-    def __init__(self, service: LearningService, bootstrap: str, model_topic: str):
-        self.service = service
-        self.feed = ModelFeed(bootstrap, model_topic, service.fleet, service.tracker.apply)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="model-topic")
-
-    def start(self) -> "FleetReplica":
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        health = self.service.health
-        health.watch_broker()
-        while not self.stop.is_set():
-            try:
-                if not self.feed.poll(200):
-                    self.service.tracker.settle()   # read to the end: the popular list too
-                health.polled(True)
-            except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
-                health.broker_lost(f"{type(exc).__name__}: {exc}")
-                log_event("poll_failed", logging.WARNING, error=health.last_error)
-                time.sleep(0.5)
-        self.feed.close()

@@ -23,6 +23,7 @@ from kafka import TopicPartition
 from sketchrec.models import SketchMF
 from sketchrec.stream.kafka.consumer import KafkaLearner, resume_or_create
 from sketchrec.stream.kafka.messages import parse_message
+from sketchrec.stream.fleet.outage import Outages
 from sketchrec.stream.kafka.offsets import OffsetBook
 
 LONE = '{"user": "\\ud800", "item": 1, "rating": 3}'.encode()
@@ -109,6 +110,7 @@ def member():
     learner = _bare(FleetLearner, service)
     learner.state, learner.tracker = FleetState(member="m"), DeltaTracker(recommender, "m")
     learner.model_producer, learner.model_topic = _Producer(), "t.model"
+    learner.outages = Outages(service.health)
     learner.feed = types.SimpleNamespace(poll=lambda timeout_ms=0: 0)
     learner.consumer = types.SimpleNamespace(partitions_for_topic=lambda t: {0, 1},
                                              assignment=lambda: {TopicPartition("t", 0)}, config={})

@@ -1,0 +1,138 @@
+"""Replicas of a fleet's model: the topics, the newest snapshot plus the model topic as a service
+(``open_replica``), a fenced member's replica rebuilt in place (``rebuild``), snapshots written,
+and the read-only ``FleetReplica`` behind `sketchrec serve --bootstrap … --topic T`. The learning
+member itself is ``fleet.member.FleetLearner``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+from sketchrec.models.registry import MODELS
+from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
+from sketchrec.stream.fleet import snapshots
+from sketchrec.stream.fleet.model_topic import MAX_MESSAGE_BYTES, FleetState, ModelFeed
+from sketchrec.stream.fleet.tracker import DeltaTracker
+from sketchrec.stream.health import log_event
+from sketchrec.stream.kafka.consumer import kafka_config
+from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.service import LearningService
+
+
+def ensure_fleet_topics(bootstrap: str, model_topic: str) -> None:
+    """The model topic and its snapshots topic, one partition each (one order for every replica)."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+    admin = KafkaAdminClient(**kafka_config(bootstrap))
+    try:
+        have = set(admin.list_topics())
+        new = [NewTopic(t, num_partitions=1, replication_factor=1,
+                        topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+               for t in (model_topic, snapshots.snapshot_topic(model_topic)) if t not in have]
+        if new:
+            try:
+                admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass  # another member was first
+    finally:
+        admin.close()
+
+
+def model_producer(bootstrap: str):
+    # one request in flight: deltas reach the topic in the order they were taken
+    from kafka import KafkaProducer
+    return KafkaProducer(**kafka_config(bootstrap), acks="all", linger_ms=0,
+                         max_in_flight_requests_per_connection=1, max_request_size=MAX_MESSAGE_BYTES)
+
+
+def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member: str | None = None,
+                 wait: float = 60.0) -> LearningService:
+    """A service whose recommender is the newest snapshot's, with ``service.fleet`` (its
+    FleetState) and ``service.tracker`` (its DeltaTracker) set. With ``make_recommender`` and no
+    snapshot yet, that recommender's empty state is written as the first one (all members then
+    start from the same bytes, whichever wrote first); without, wait up to ``wait`` seconds."""
+    ensure_fleet_topics(bootstrap, model_topic)
+    topic = snapshots.snapshot_topic(model_topic)
+    snap, deadline = snapshots.newest(bootstrap, topic), time.monotonic() + wait
+    while snap is None:
+        if make_recommender is not None:
+            first = make_recommender()
+            producer = model_producer(bootstrap)
+            write_snapshot(producer, topic, first, FleetState(), type(first.model).__name__)
+            producer.close(timeout=10)
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"no snapshot in {topic} after {wait:g} s: start a learner first")
+        else:
+            time.sleep(0.5)
+        snap = snapshots.newest(bootstrap, topic)
+    model_cls = MODELS[snap.meta["model_class"]]
+    recommender = Recommender.from_parts(snap.parts, model_cls)
+    restore_operator_parts(recommender.model, snap.parts)
+    service = LearningService(recommender, None, read_only=make_recommender is None,
+                              model_cls=model_cls)
+    state = FleetState.from_dict(snap.meta["fleet"], member)
+    # the service's figures are the fleet's: what the accepted deltas say
+    service.errors, service.skipped, service.offsets = state.errors, state.skipped, state.covered
+    service.fleet, service.tracker = state, DeltaTracker(recommender, member)
+    service.last_checkpoint = {"name": f"snapshot@{snap.offset}", "seq": snap.offset,
+                               "ratings_learned": snap.meta.get("ratings_learned"),
+                               "at": snap.meta.get("written_at")}
+    return service
+
+
+def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: str) -> None:
+    """Replace ``service``'s replica in place (an endpoint serving it keeps serving) by the
+    newest snapshot plus the model topic, as ``member``: after its member was fenced."""
+    fresh = open_replica(bootstrap, model_topic, member=member)
+    feed = ModelFeed(bootstrap, model_topic, fresh.fleet, fresh.tracker.apply)
+    try:
+        feed.catch_up()
+        fresh.tracker.settle()
+    finally:
+        feed.close()
+    for name in ("errors", "skipped", "offsets", "fleet", "tracker", "last_checkpoint", "model_cls"):
+        setattr(service, name, getattr(fresh, name))
+    service.recommender = fresh.recommender   # last: one reference swap for the endpoint
+
+
+def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetState,
+                   model_class: str) -> int:
+    parts = {**recommender.state_parts(), **operator_parts(recommender.model)}
+    return snapshots.write(producer, topic, parts, {"fleet": state.to_dict(), "model_class": model_class,
+                                                    "ratings_learned": int(recommender.model.n_learned)})
+
+
+def new_member_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class FleetReplica:
+    """A read-only replica: a thread adds every accepted delta of the model topic to the service
+    that ``open_replica`` built, until ``stop`` is set."""
+
+    def __init__(self, service: LearningService, bootstrap: str, model_topic: str):
+        self.service = service
+        self.feed = ModelFeed(bootstrap, model_topic, service.fleet, service.tracker.apply)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="model-topic")
+
+    def start(self) -> "FleetReplica":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        health = self.service.health
+        health.watch_broker()
+        while not self.stop.is_set():
+            try:
+                if not self.feed.poll(200):
+                    self.service.tracker.settle()   # read to the end: the popular list too
+                health.polled(True)
+            except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
+                health.broker_lost(f"{type(exc).__name__}: {exc}")
+                log_event("poll_failed", logging.WARNING, error=health.last_error)
+                time.sleep(0.5)
+        self.feed.close()
