@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--checkpoint-every", type=int, default=50_000, metavar="N",
                     help="ratings (and dead letters) between checkpoints")
     ap.add_argument("--checkpoint-seconds", type=float, default=30.0, metavar="T")
+    ap.add_argument("--on-new-topic", choices=("restart", "refuse"), default="restart",
+                    help="when the topic was deleted and created again since the checkpoint (a "
+                    "new topic id, or offsets beyond its end): consume it from its start "
+                    "(default), or refuse to start")
     ap.add_argument("--broker-lost-after", type=float, default=20.0, metavar="S",
                     help="/healthz answers 503 once no broker was reachable for S seconds")
     ap.add_argument("--exit-when-idle", type=float, metavar="S",
@@ -89,6 +93,7 @@ class ConsumeConfig:
     dp: DPSettings
     monitor: MonitorSettings
     serving: ServingSettings
+    on_new_topic: str = "restart"   # a re-created topic: "restart" from its start, or "refuse"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, ap: argparse.ArgumentParser) -> "ConsumeConfig":
@@ -116,7 +121,7 @@ class ConsumeConfig:
                    args.checkpoint_every, args.checkpoint_seconds, args.exit_when_idle,
                    args.broker_lost_after, args.capacity,
                    args.expected_ratings, args.ldp_debias, args.reset_checkpoints, fleet,
-                   model, dp, MonitorSettings.from_args(args), serving)
+                   model, dp, MonitorSettings.from_args(args), serving, args.on_new_topic)
 
 
 @dataclass(frozen=True)
@@ -213,7 +218,7 @@ def consume_main(argv: list[str] | None = None) -> int:
     try:
         learner = KafkaLearner(service, config.bootstrap, config.topic, config.group, config.dead_topic,
                                config.rating_range, config.checkpoint_every, config.checkpoint_seconds,
-                               from_beginning=reset)
+                               from_beginning=reset, on_new_topic=config.on_new_topic)
     except (KafkaError, RuntimeError) as exc:
         print(f"{PROG}: cannot consume {config.topic!r} from {config.bootstrap}: {exc} (nothing was "
               f"learned; the checkpoint in {config.serving.checkpoint} is untouched)", file=sys.stderr)

@@ -54,6 +54,7 @@ class LearningService:
         self.skipped: Counter = Counter()
         self.errors = ErrorStats()    # prequential errors of what was learned (checkpointed)
         self.offsets: dict = {}       # partition (str) -> next offset to consume
+        self.topic_id: str | None = None   # the input topic's id the offsets belong to (kafka.identity)
         self.started = time.time()
         self.last_checkpoint: dict | None = None
         self.audit = audit
@@ -194,7 +195,8 @@ class LearningService:
             parts = {**self.recommender.state_parts(), **operator_parts(self.recommender.model)}
             path = self.checkpoints.save(parts,
                                          {"ratings_learned": self.ratings_learned,
-                                          "offsets": self.offsets, "skipped": dict(self.skipped),
+                                          "offsets": self.offsets, "topic_id": self.topic_id,
+                                          "skipped": dict(self.skipped),
                                           "errors": self.errors.to_dict(),
                                           "model_class": self.model_cls.__name__,
                                           "privacy_ledger": self.ledger and self.ledger.to_dict(),
@@ -228,6 +230,7 @@ class LearningService:
     def _adopt(self, ckpt: Checkpoint) -> None:
         restore_operator_parts(self.recommender.model, ckpt.parts)
         self.offsets = dict(ckpt.meta.get("offsets", {}))
+        self.topic_id = ckpt.meta.get("topic_id")
         self.skipped = Counter(ckpt.meta.get("skipped", {}))
         self.errors = ErrorStats.from_dict(ckpt.meta.get("errors", ErrorStats().to_dict()))
         self.origin = ckpt.meta.get("origin", self.origin)

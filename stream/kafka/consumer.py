@@ -31,6 +31,7 @@ from collections import Counter
 from sketchrec.stream.checkpoint import CheckpointStore, LedgerIntegrityError
 from sketchrec.stream.kafka import fast_records
 from sketchrec.stream.kafka import codecs as codec_errors
+from sketchrec.stream.kafka import identity
 from sketchrec.stream.kafka.intake import finite_errors, read_poll
 from sketchrec.stream.kafka.messages import dead_letter
 from sketchrec.stream.kafka.offsets import OffsetBook
@@ -55,7 +56,9 @@ class KafkaLearner:
     partition and when a checkpoint is due are ``self.book``'s (a ``kafka.offsets.OffsetBook``
     over ``service.offsets``); what /healthz says about the broker is ``service.health``'s.
     ``from_beginning``: partitions the checkpoint does not know start at their beginning even
-    with a group (starting over knowingly), not at the group's committed offsets. Subclasses
+    with a group (starting over knowingly), not at the group's committed offsets; so do all of
+    a topic deleted and created again since the checkpoint (``on_new_topic`` "restart"; "refuse"
+    raises ``identity.NewTopic``: ``kafka.identity``). Subclasses
     (``kafka.fleet.FleetLearner``) replace where state goes: ``checkpoint``, ``_seek``,
     ``_record`` and ``_tick``."""
 
@@ -64,7 +67,8 @@ class KafkaLearner:
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str | None = None,
                  dead_topic: str | None = None, rating_range: tuple[float, float] | None = (0.5, 5.0),
                  checkpoint_every: int = 50_000, checkpoint_seconds: float = 30.0,
-                 max_poll_records: int = 20_000, from_beginning: bool = False):
+                 max_poll_records: int = 20_000, from_beginning: bool = False,
+                 on_new_topic: str = "restart"):
         if service.checkpoints is None and self.needs_checkpoints:
             raise ValueError("the Kafka consumer needs a checkpoint directory")
         self.service, self.topic, self.group = service, topic, group
@@ -89,6 +93,9 @@ class KafkaLearner:
         self.dead_letters: Counter = Counter()  # set aside since the last checkpoint (for the log)
         self.health = service.health
         self.health.watch_broker()
+        if self.needs_checkpoints and self.consumer.partitions_for_topic(topic):
+            # a deleted and re-created topic: its start, or a one-line refusal (kafka.identity)
+            self.from_beginning |= identity.check(self.consumer, service, topic, on_new_topic)
         self._assign()
         log_event("connect", bootstrap=bootstrap, topic=topic, group=group or "-")
 
@@ -234,7 +241,10 @@ class KafkaLearner:
         """After each poll: nothing here (a fleet member reads the model topic)."""
 
     def _lost(self, exc: Exception) -> None:
-        log_event("poll_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+        """A failed poll: logged once per outage (``_watch`` logs the reconnection), then polled
+        again after half a second."""
+        if self.health.connected is not False:
+            log_event("poll_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
         self.health.broker_lost(f"{type(exc).__name__}: {exc}")
         time.sleep(0.5)
 

@@ -326,3 +326,83 @@ def test_a_batch_failing_its_crc_is_set_aside_and_the_rest_learned(kafka_bootstr
     letters = [json.loads(value) for value in read_whole_topic(kafka_bootstrap, f"{topic}.dead")]
     assert [(x["reason"], x["offset"], x["last_offset"], x["messages"]) for x in letters] == \
         [("batch failing its CRC check", 5, 9, 5)]
+
+
+LONE_SURROGATE = '{"user": "\\ud800", "item": 1, "rating": 3}'.encode()
+
+
+def test_the_lone_surrogate_message_is_dead_lettered_and_learning_goes_on(kafka_bootstrap, tmp_path):
+    """The fault probe's message: a JSON id that is a lone surrogate. Before, hashing it raised
+    in the learner's batch and `consume` died on it, again on every restart; now it is set aside
+    with its reason, and the ratings around it (and a restart) are learned."""
+    topic = f"lone-{uuid.uuid4().hex[:8]}"
+    ensure_topic(kafka_bootstrap, topic, partitions=1)
+    from kafka import KafkaProducer
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for value in (b"1,2,4", LONE_SURROGATE, b'[{"user": "a\\ud800b", "item": 3, "rating": 4}, '
+                  b'{"user": "b", "item": 3, "rating": 4}]', b"5,6,3"):
+        producer.send(topic, value)
+    producer.flush()
+    first = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path))
+    assert first["ratings_learned"] == 3
+    assert first["skipped"] == {"id not valid Unicode (lone surrogate)": 2}
+    producer.send(topic, b"7,8,5")
+    producer.flush()
+    producer.close()
+    again = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path))   # a restart goes on
+    assert again["ratings_learned"] == 4 and again["skipped"] == first["skipped"]
+    letters = [json.loads(v) for v in read_whole_topic(kafka_bootstrap, f"{topic}.dead")]
+    # the two poison messages (offsets as the broker gave them), the batch's first rating only
+    assert sorted((x["index"], x["reason"]) for x in letters) == [(0, "id not valid Unicode (lone surrogate)")] * 2
+    assert len({x["offset"] for x in letters}) == 2
+
+
+def _recreate(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    """``topic`` deleted, created again (one partition) and given ``values``."""
+    from kafka import KafkaAdminClient, KafkaProducer
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.delete_topics([topic])
+    admin.close()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            ensure_topic(bootstrap, topic, partitions=1)
+            break
+        except Exception:  # noqa: BLE001 - the deletion still under way
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    for value in values:
+        producer.send(topic, value)
+    producer.flush()
+    producer.close()
+
+
+def test_a_recreated_topic_is_consumed_from_its_start_or_refused(kafka_bootstrap, tmp_path):
+    """Before: the consumer sought the new topic to the old one's offsets and silently skipped
+    its first messages (as many as the old topic had). Both signs are tried: a new topic id with
+    more messages than the old offsets, and (its id not in the checkpoint) offsets beyond its end."""
+    from kafka import KafkaProducer
+    topic = f"again-{uuid.uuid4().hex[:8]}"
+    ensure_topic(kafka_bootstrap, topic, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for n in range(20):
+        producer.send(topic, f"{n},1,4".encode())
+    producer.close()
+    assert run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path))["ratings_learned"] == 20
+    _recreate(kafka_bootstrap, topic, [f"{n},2,3".encode() for n in range(30)])   # a new topic id
+    refused = subprocess.run(consume_cmd(kafka_bootstrap, topic, tmp_path, "--on-new-topic", "refuse"),
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "deleted and created again" in line and "--on-new-topic restart" in line
+    again = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path))
+    assert again["ratings_learned"] == 50 and again["offsets"] == {"0": 30}
+    # a checkpoint that predates topic ids: the offsets beyond the new topic's end tell
+    store = CheckpointStore(tmp_path)
+    _recreate(kafka_bootstrap, topic, [f"{n},3,3".encode() for n in range(5)])
+    newest = store.latest()
+    newest.meta.pop("topic_id")
+    store.save(newest.parts, newest.meta)
+    third = run_to_end(consume_cmd(kafka_bootstrap, topic, tmp_path))
+    assert third["ratings_learned"] == 55 and third["offsets"] == {"0": 5}
