@@ -12,6 +12,7 @@ from sketchrec.cli.config import (JOINT, DPSettings, ModelSettings, MonitorSetti
 from sketchrec.cli.options import Parser, add_model_args, add_model_kind_arg, add_monitor_args, add_serving_args
 from sketchrec.models.capabilities import Ask
 from sketchrec.cli.serve import on_stop_signal, start_server
+from sketchrec.stream.health import BROKER_LOST_AFTER
 
 PROG = "sketchrec consume"
 
@@ -32,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="when the topic was deleted and created again since the checkpoint (a "
                     "new topic id, or offsets beyond its end): consume it from its start "
                     "(default), or refuse to start")
-    ap.add_argument("--broker-lost-after", type=float, default=20.0, metavar="S",
-                    help="/healthz answers 503 once no broker was reachable for S seconds")
+    ap.add_argument("--broker-lost-after", type=float, default=BROKER_LOST_AFTER, metavar="S",
+                    help="/healthz answers 503 once no broker was reachable for S seconds "
+                    f"(default {BROKER_LOST_AFTER:g})")
     ap.add_argument("--exit-when-idle", type=float, metavar="S",
                     help="stop (with a final checkpoint) after S seconds without messages, once "
                     "every assigned partition is read to its end (a stalled fetch is waited for, "
