@@ -132,3 +132,12 @@ def test_the_strict_build_fails_on_a_broken_link_or_anchor(tmp_path):
     res = _build(repo, tmp_path / "site")
     assert res.returncode != 0
     assert "no-such-page.md" in res.stderr and "no-such-anchor" in res.stderr
+
+
+def test_the_surfaces_page_holds_the_generated_table():
+    from sketchrec.privacy.mode import surface_table
+    page = (DOCS / "privacy" / "surfaces.md").read_text()
+    begin, end = "<!-- surface_table: begin -->\n", "\n<!-- surface_table: end -->"
+    assert page.count(begin) == 1 and page.count(end) == 1
+    assert page.split(begin)[1].split(end)[0] == surface_table(), \
+        "docs/privacy/surfaces.md: paste surface_table()'s output between its markers"
