@@ -182,3 +182,104 @@ def test_workers_on_a_model_readers_cannot_share_is_never_silent(capsys, monkeyp
     capsys.readouterr()
     assert isinstance(serve.start_server(service, ServingSettings(("127.0.0.1", 0))), Thread)
     assert f"serving from one process: {line}" in capsys.readouterr().err
+
+
+def test_console_scripts_have_help():
+    bindir = Path(sys.executable).parent
+    for script in ("replay", "sketchrec"):
+        exe = shutil.which(script, path=str(bindir)) or shutil.which(script)
+        assert exe, f"console script {script} not installed"
+        out = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+        assert "usage:" in out
+
+
+def test_sketchrec_dispatches_subcommands(capsys):
+    assert sketchrec_main([]) == 0
+    assert "replay" in capsys.readouterr().out
+    assert sketchrec_main(["replay", *SMALL_SYNTH, "--synthetic-ratings", "2000", "--quiet", "--json"]) == 0
+    assert last_json(capsys)["ratings"] == 2000
+    assert sketchrec_main(["experiment", "--list"]) == 0
+
+
+def test_replay_reports_kld_privacy_mode_and_canary_audit(capsys):
+    assert replay_main([*SMALL_SYNTH, "--quiet", "--json", "--audit-canaries", "200", "--clip-loss", "4"]) == 0
+    result = last_json(capsys)
+    assert result["ratings"] == 20_000  # canaries are learned but not counted in the accuracy
+    privacy = result["privacy"]
+    assert privacy["mode"] == "clip-loss" and privacy["epsilon"] == 4 and privacy["proven_bound"] is False
+    assert result["kld"] == privacy["kld"] and result["kld"] >= 0
+    audit = privacy["audit"]
+    assert audit["canaries"] == 200 and audit["guesses"] == 80 and 0 <= audit["correct"] <= 80
+    assert privacy["audit_epsilon_lower_bound"] == audit["epsilon_lower_bound"] >= 0
+    assert replay_main([*SMALL_SYNTH, "--quiet", "--json", "--no-monitor"]) == 0
+    assert last_json(capsys)["kld"] is None
+
+
+def test_mode_dependent_defaults_are_resolved_in_the_config_not_the_namespace():
+    from sketchrec.models.registry import DEFAULTS, DP_DEFAULTS
+    from sketchrec.cli.config import ReplayConfig
+    from sketchrec.cli.replay import build_parser
+    args = build_parser().parse_args(["--dp-noise", "1.0"])
+    private = ReplayConfig.from_args(args)
+    assert (private.model.dim, private.model.lr, private.model.reg) == \
+        (DP_DEFAULTS["dim"], DP_DEFAULTS["lr"], DP_DEFAULTS["reg"])
+    assert args.dim is None and args.lr is None  # the parsed options are left as given
+    plain = ReplayConfig.from_args(build_parser().parse_args(["--lr", "0.02"]))
+    assert (plain.model.dim, plain.model.lr, plain.dp.enabled) == (DEFAULTS["dim"], 0.02, False)
+
+
+def test_registry_defaults_are_the_models_own():
+    import inspect
+
+    from sketchrec.models import SketchMF
+    from sketchrec.models.registry import DEFAULTS, MODELS
+    signature = inspect.signature(SketchMF.__init__).parameters
+    assert DEFAULTS and all(signature[name].default == value for name, value in DEFAULTS.items())
+    assert MODELS["SketchMF"] is SketchMF and {"SketchMF", "DenseMF"} <= set(MODELS)
+
+
+def test_dp_calibration_matches_the_accountant():
+    from sketchrec.privacy.accounting import calibrate_noise
+    from sketchrec.privacy.calibration import sgld_noise_multiplier, stream_noise_multiplier
+    assert sgld_noise_multiplier(4, 0.0004, 0.01, 2.0) == pytest.approx(0.2)
+    assert stream_noise_multiplier(1.0, 1e-5, 3, fallback_share=0.0) == 6 * calibrate_noise(1.0, 1e-5)
+
+
+def test_missing_data_is_a_one_line_error_naming_the_path_and_the_variable(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SKETCHREC_DATA", str(tmp_path))
+    assert sketchrec_main(["experiment", "b1-table", "--quick", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(tmp_path / "ml-100k" / "u.data") in err and "SKETCHREC_DATA" in err
+    with pytest.raises(SystemExit) as stop:
+        sketchrec_main(["bench", "--quick", "--data", str(tmp_path / "none.data")])
+    assert "none.data" in str(stop.value.code) and "SKETCHREC_DATA" in str(stop.value.code)
+
+
+def test_doctests_of_the_cli_and_its_library_helpers_run():
+    import doctest
+    import importlib
+    for name in ("sketchrec.paths", "sketchrec.data", "sketchrec.models.registry",
+                 "sketchrec.privacy.calibration", "sketchrec.cli.options"):
+        failed, tried = doctest.testmod(importlib.import_module(name))
+        assert failed == 0 and tried > 0, name
+
+
+def test_consume_resumes_from_the_checkpoint_with_its_monitor_and_ledger(tmp_path):
+    from sketchrec.models import SketchMF
+    from sketchrec.models.private.dp_sgd import DPConfig
+    from sketchrec.privacy.monitor import PrivacyMonitor
+    from sketchrec.stream.kafka.consumer import resume_or_create
+    model = SketchMF(dim=4, width=512, seed=3, dp=DPConfig(noise_multiplier=2.0, batch_size=10))
+    fresh = resume_or_create(tmp_path, lambda: model, pair_capacity=1000)
+    assert fresh.recommender.model is model and fresh.ledger is None
+    assert fresh.begin_private_pass("rating", 1e-5, budget=None)
+    fresh.recommender.learn_many(["a", "b"], ["x", "y"], [3.0, 4.0])
+    fresh.record_skipped({"bad line": 2})
+    fresh.checkpoint()
+    monitor = PrivacyMonitor(window=100)
+    resumed = resume_or_create(tmp_path, lambda: pytest.fail("a checkpoint exists"), pair_capacity=1000,
+                               monitor=monitor)
+    assert not resumed.read_only and resumed.recommender.monitor is monitor
+    assert resumed.ratings_learned == fresh.ratings_learned and resumed.skipped == {"bad line": 2}
+    assert resumed.privacy()["epsilon"] == pytest.approx(fresh.privacy()["epsilon"])
