@@ -126,7 +126,7 @@ def cli_model():
     from sketchrec.cli.consume import build_parser
     from sketchrec.cli.config import ModelSettings
     args = build_parser().parse_args(["--bootstrap", "x", "--topic", "t", *MODEL])
-    return ModelSettings.from_args(args, False).build(args.capacity)
+    return ModelSettings.from_args(args, False, fleet=True).build(args.capacity)
 
 
 @pytest.fixture(scope="module", autouse=True)
