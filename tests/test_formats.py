@@ -208,3 +208,28 @@ def test_malformed_lines_keep_exact_line_numbers_across_blocks(tmp_path, monkeyp
     ratings, report = read_ratings(path)
     assert [e[0] for e in report.examples] == bad_at and report.skipped == {"non-numeric rating": 3}
     assert len(ratings) == len(lines) - 3
+
+
+def test_learners_are_scale_free_with_default_settings(tmp_path, monkeypatch, capsys):
+    """The same stream on 1..5, -10..10 and 1..10: the default learner's RMSE relative to the
+    scale's span is the same on each. Without the mapping (the broken variant) -10..10 is not."""
+    import sketchrec.scale as scale
+    from sketchrec.cli import replay_main
+    from sketchrec.data import SyntheticStream
+    data = SyntheticStream(20_000, 400, 200, seed=3).all()
+    maps = {"1,5": lambda r: r, "-10,10": lambda r: (r - 3) * 5, "1,10": lambda r: (r - 1) * 9 / 4 + 1}
+
+    def relative_rmse(given: str) -> float:
+        path = tmp_path / f"r{given}.csv"
+        path.write_text("user,item,rating,timestamp\n" + "".join(
+            f"{u},{i},{maps[given](r):g},{t}\n"
+            for u, i, r, t in zip(data.users, data.items, data.ratings, data.timestamps)))
+        assert replay_main([str(path), "--rating-range", given, "--quiet", "--json"]) == 0
+        lo, hi = map(float, given.split(","))
+        return json.loads(capsys.readouterr().out)["rmse"] / (hi - lo)
+
+    stars = relative_rmse("1,5")
+    for given in ("-10,10", "1,10"):
+        assert abs(relative_rmse(given) / stars - 1) < 0.005, given
+    monkeypatch.setattr(scale.ScaleMap, "for_range", classmethod(lambda cls, bounds: None))
+    assert abs(relative_rmse("-10,10") / stars - 1) > 0.01   # the learner alone is not scale-free
