@@ -94,3 +94,27 @@ def test_synthetic_stream_is_seeded_skewed_and_in_range():
     assert counts[1] > 5 * np.median(counts[counts > 0])  # Zipf: the head user is far above the median
     assert (np.diff(a.timestamps) >= 0).all()
     assert a.users.max() <= 1000 and a.items.max() <= 300
+
+
+def test_file_order_streams_to_the_same_result_as_the_whole_file(tmp_path, monkeypatch, capsys):
+    """--order file learns block by block after a counting pass; on a file already in time order
+    it learns exactly what the whole-file (time-ordered) path learns."""
+    import json
+
+    from sketchrec import chunks
+    from sketchrec.cli import replay_main
+    monkeypatch.setattr(chunks, "BLOCK_BYTES", 4096)
+    path = tmp_path / "r.txt"
+    path.write_text("id;film;stars;when\n" + "".join(
+        f"{u};{i};{1 + (u * i) % 5};{1000 + k}\n" for k, (u, i) in
+        enumerate((u, i) for u in range(1, 70) for i in range(1, 30))) + "1;2;x;9999\n")
+    results = []
+    for order in ("file", "time"):
+        assert replay_main([str(path), "--order", order, "--sep", ";", "--columns",
+                            "user=id,item=film,rating=stars,timestamp=when", "--quiet", "--json",
+                            "--model", "sketch"]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    streamed, whole = results
+    assert streamed["rmse"] == whole["rmse"] and streamed["ratings"] == whole["ratings"] == 69 * 29
+    assert streamed["params"]["capacity"] == whole["params"]["capacity"] == 69 + 29
+    assert streamed["skipped"] == whole["skipped"] == {"non-numeric rating": 1}
