@@ -243,6 +243,11 @@ PAIR_LIMITS: dict[tuple[str, str], dict[tuple[str, str], Cell]] = {
     ("serving", "fleet-replica"): {("serving", "workers"): _FLEET_WORKERS},
 }
 
+# a feature a privacy mode forbids, in words
+_FEATURE_NAMES = {"heavy_slots": "a heavy-hitter filter (which ids hold a slot is decided by the data)",
+                  "implicit": "the implicit term (--implicit)", "adagrad": "AdaGrad steps",
+                  "light_dim": "--light-dim below --dim (its clipping bound covers every component)"}
+
 # what to do instead of a feature a privacy mode forbids (``PrivacyMode.forbids``)
 _WITHOUT = {"implicit": "leave --implicit at 0", "adagrad": "use --optimizer sgd",
             "heavy_slots": "use --heavy-fraction 0", "light_dim": "leave --light-dim unset (= --dim)",
@@ -296,7 +301,8 @@ def refusals(ask: Ask) -> list[str]:
     asked = set(ask.features) | ({"adagrad"} if ask.optimizer in ("adagrad", "adagrad-id") else set())
     for feature in ask.privacy.forbids:
         if feature in asked:
-            lines.append(f"the {ask.privacy.value} mode cannot account for {feature.replace('_', ' ')}; "
+            lines.append(f"the {ask.privacy.value} mode cannot account for "
+                         f"{_FEATURE_NAMES.get(feature, feature.replace('_', ' '))}; "
                          f"{_WITHOUT.get(feature, 'leave it out')}")
     return list(dict.fromkeys(lines))
 
