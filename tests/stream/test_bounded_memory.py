@@ -121,3 +121,26 @@ def test_default_size_follows_the_model():
     small, large = SketchMF(dim=8, width=1 << 10), SketchMF(dim=8, width=1 << 16)
     assert default_max_items(small) < default_max_items(large) <= 1 << 20
     assert Recommender(SketchMF(capacity=30_000, dim=8)).catalogue.max_items == 30_000
+
+
+def test_serving_readers_follow_the_compacted_catalogue():
+    """The shared block mirrors a compacted catalogue afresh: a reader's ids and keys are the
+    learner's after every publication (before, a reader kept the first generation for good)."""
+    from sketchrec.stream.serving.workers.block import SharedBlock
+    from sketchrec.stream.serving.workers.pool import Publisher
+    from sketchrec.stream.serving.workers.reader import SharedCatalogue
+    svc = service()
+    rec = svc.recommender
+    block = SharedBlock.create(rec, catalogue_capacity=4 * MAX_ITEMS)
+    try:
+        mirror = SharedCatalogue(SharedBlock.attach(block.name))
+        publisher = Publisher(svc)
+        for users, items, ratings in batches(40_000, seed=2):
+            rec.learn_many(users, items, ratings)
+            mirror.sync(*publisher.document(block)["catalogue"])
+            ids, keys = rec.catalogue.snapshot()
+            held_ids, held_keys = mirror.snapshot()
+            assert held_ids == ids and held_keys.tolist() == keys.tolist()
+        assert rec.catalogue.generation >= 3
+    finally:
+        block.unlink()

@@ -54,6 +54,7 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 from sketchrec.models.registry import MODELS
+from sketchrec.privacy.keys import ID_KEY_PART, id_keys_of, restore_id_key
 from sketchrec.sketches import BloomFilter
 from sketchrec.stream.serving.workers.binding import bind_model, model_arrays, shareable_model
 
@@ -107,7 +108,10 @@ class SharedBlock:
         header = {"model_class": type(model).__name__, "params": model.params(), "arrays": specs,
                   "learner_pid": os.getpid(),
                   "pairs_seen": recommender.pairs_seen.params(),
-                  "users_seen": recommender.users_seen.params(), **(extra or {})}
+                  "users_seen": recommender.users_seen.params(), **(extra or {}),
+                  # the secret id key of a privacy mode: readers key ids as the learner does (the
+                  # segment is the learner's operator state, like its cells; never served)
+                  **{name: blob.hex() for name, blob in id_keys_of(model).parts().items()}}
         raw = json.dumps(header).encode()
         if len(raw) + 8 > HEADER_BYTES:
             raise ValueError("shared block header too large")
@@ -145,6 +149,8 @@ class SharedBlock:
         """A model over the shared arrays (reader side)."""
         cls = MODELS[self.header["model_class"]]
         model = cls(**cls._upgrade_params(self.header["params"]))
+        if ID_KEY_PART in self.header:
+            restore_id_key(model, {ID_KEY_PART: bytes.fromhex(self.header[ID_KEY_PART])})
         bind_model(model, {name[6:]: self.view(name) for name in self.header["arrays"]
                             if name.startswith("model.")}, self)
         return model
@@ -156,9 +162,13 @@ class SharedBlock:
         return bloom
 
     # the catalogue --------------------------------------------------------------------------------
-    def mirror(self, ids: list, keys: np.ndarray) -> list[int]:
-        """Owner: append the catalogue's ids beyond those already mirrored (a catalogue only grows);
-        [count, id bytes] to publish. Beyond the buffers' capacity the readers keep the prefix."""
+    def mirror(self, ids: list, keys: np.ndarray, generation: int = 0) -> list[int]:
+        """Owner: append the catalogue's ids beyond those already mirrored (a catalogue only grows
+        within a generation; a compacted one, ``stream.catalogue``, is mirrored afresh); [count,
+        id bytes] (and the generation, past 0) to publish. Beyond the buffers' capacity the
+        readers keep the prefix."""
+        if generation != getattr(self, "_generation", 0):
+            self._mirrored, self._generation = (0, 0), generation
         n, used = self._mirrored
         key_buf, id_buf = self.view("catalogue_keys"), self.view("catalogue_ids")
         if len(ids) > n:
@@ -168,12 +178,13 @@ class SharedBlock:
                 key_buf[n:new] = keys[n:new]
                 id_buf[used:used + len(text)] = np.frombuffer(text, np.uint8)
                 self._mirrored = n, used = new, used + len(text)
-        return [n, used]
+        return self.mirrored
 
     @property
     def mirrored(self) -> list[int]:
-        """Owner: [catalogue ids, id bytes] mirrored so far."""
-        return list(self._mirrored)
+        """Owner: [catalogue ids, id bytes] mirrored so far (and the catalogue's generation, past 0)."""
+        generation = getattr(self, "_generation", 0)
+        return list(self._mirrored) + ([generation] if generation else [])
 
     def read_ids(self, start: int, end: int) -> list:
         """The ids held by id bytes [start, end) (reader side)."""

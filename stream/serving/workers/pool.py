@@ -62,8 +62,9 @@ class Publisher:
         stats = svc.stats()
         svc._rate = rate   # the learner's own /stats keeps its throughput window
         mech = svc.origin.get("mechanism")
-        grown = len(rec.catalogue) > block.mirrored[0]
-        doc = {"catalogue": block.mirror(*rec.catalogue.snapshot()) if grown else block.mirrored,
+        ids, keys, generation = rec.catalogue.view()   # compacted: a new generation, mirrored afresh
+        grown = len(ids) > block.mirrored[0] or generation != getattr(block, "_generation", 0)
+        doc = {"catalogue": block.mirror(ids, keys, generation) if grown else block.mirrored,
                "debias": [mech["epsilon"], *mech["range"]] if rec.debias is not None and mech else None,
                "stats": stats, "privacy": svc.privacy(), "problems": svc.health.problems()}
         if grown and not self._warned and block.mirrored[0] < len(rec.catalogue):

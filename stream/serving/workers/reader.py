@@ -51,16 +51,22 @@ class SharedCatalogue:
     def __init__(self, block: SharedBlock):
         self.block, self.ids = block, []
         self._keys = block.view("catalogue_keys")
-        self._n = self._bytes = 0
+        self._own = np.empty(0, dtype=np.uint64)   # this reader's copy of the keys it holds
+        self._n = self._bytes = self._generation = 0
 
-    def sync(self, n: int, nbytes: int) -> None:
+    def sync(self, n: int, nbytes: int, generation: int = 0) -> None:
+        if generation != self._generation:   # the learner compacted its catalogue: taken afresh
+            self.ids, self._n, self._bytes, self._generation = [], 0, 0, generation
+            self._own = np.empty(0, dtype=np.uint64)
         if n > self._n:
             self.ids.extend(self.block.read_ids(self._bytes, nbytes))
+            # the keys are copied: the learner rewrites the shared rows when it compacts
+            self._own = np.concatenate([self._own, self._keys[self._n:n]])
             self._n, self._bytes = n, nbytes   # after the ids: a reader never sees more than exist
 
     def snapshot(self) -> tuple[list, np.ndarray]:
         n = self._n
-        return self.ids[:n], self._keys[:n]
+        return self.ids[:n], self._own[:n]
 
     def __len__(self) -> int:
         return self._n
