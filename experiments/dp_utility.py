@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sketchrec.data import read_ratings
-from sketchrec.paths import data_dir
+from sketchrec.paths import DATA_ENV, MissingData, data_dir
 from sketchrec.models import SketchMF
 from sketchrec.models.private.joint_als import JointDPConfig
 from sketchrec.replay.joint_holdout import public_catalogue, train_user_private
@@ -76,6 +76,9 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
     runs = 3
     paths = [data] if data else [data_dir() / p for name, p in DATASETS.items()
                                  if (data_dir() / p).exists() and (not quick or name == "ml-100k")]
+    if not paths:
+        raise MissingData(f"no MovieLens ratings under {data_dir()} (give --data PATH, or set "
+                          f"${DATA_ENV} to the directory holding ml-100k/u.data)")
     result = {"protocol": "holdout 0.2 (split_holdout seed 1)", "delta": DELTA, "runs": runs,
               "quick": quick, "config": asdict(JointDPConfig()),
               "datasets": [run_dataset(Path(p), quick, runs) for p in paths]}

@@ -184,9 +184,9 @@ def test_whitebox_audit_catches_reproducible_noise(unit):
     assert eps_hat >= 4.0 and proven == math.inf
 
 
-def test_dp_utility_quick(tmp_path):
+def test_dp_utility_quick(tmp_path, ml100k):
     from sketchrec.experiments import registry
-    result = registry()["dp-utility"].run(None, tmp_path, quick=True)
+    result = registry()["dp-utility"].run(ml100k, tmp_path, quick=True)
     rows = result["datasets"][0]["rows"]
     grid = {(u, e) for u in ("user", "rating") for e in (1.0, 8.0)}
     assert {(r["unit"], r["epsilon"]) for r in rows} == grid
@@ -194,7 +194,7 @@ def test_dp_utility_quick(tmp_path):
     assert (tmp_path / "dp_utility.png").stat().st_size > 0 and (tmp_path / "dp_utility.md").exists()
 
 
-# -- the targets of issue 23 on ML-100k (holdout 0.2, split seed 1, delta 1e-5) ------------------
+# -- the joint-DP targets on ML-100k (holdout 0.2, split seed 1, delta 1e-5) ------------------
 @pytest.mark.skipif(not ML100K.exists(), reason="needs ML-100k")
 def test_ml100k_targets():
     ratings, _ = read_ratings(ML100K)
