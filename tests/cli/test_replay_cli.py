@@ -104,8 +104,8 @@ def test_the_default_holdout_on_ml100k_meets_issue_22s_bar_through_implicit_feed
 
 @pytest.mark.parametrize("flags, says", [
     (["--model", "mix", "--implicit", "8"], "sets one learner"),
-    (["--implicit", "8", "--clip-loss", "1"], "clip-loss mode cannot account for implicit"),
-    (["--implicit", "8", "--sgld", "0.1"], "sgld mode cannot account for implicit"),
+    (["--implicit", "8", "--clip-loss", "1"], "clip-loss mode cannot account for the implicit term"),
+    (["--implicit", "8", "--sgld", "0.1"], "sgld mode cannot account for the implicit term"),
 ])
 def test_implicit_feedback_refuses_the_combination_and_the_privacy_modes_in_one_line(flags, says):
     with pytest.raises(SystemExit) as stop:
