@@ -17,7 +17,7 @@ from sketchrec.models._sgd import (ACC0, BIAS_REG, CLIP_LOSS, COUNT, IMPLICIT_LR
                                    SKIPPED_DIVERGED, TOTAL, seed_numba)
 from sketchrec.models.storage import ITEM, USER
 from sketchrec.sketches import serial
-from sketchrec.sketches.hashing import as_keys, salt_table
+from sketchrec.sketches.hashing import salt_table
 
 _INIT_FAMILY_OFFSET = 100  # salts of the start vectors, apart from the addressing families
 
@@ -67,6 +67,21 @@ class FactorizationModel(Ranker):
         """The privacy mode this learner trains in (``privacy.mode.PrivacyMode``), from its settings."""
         from sketchrec.privacy.mode import learner_mode
         return learner_mode(getattr(self, "dp", None), self.clip_loss, self.sgld_temperature)
+
+    @property
+    def id_keys(self):
+        """How this learner turns ids into keys (``privacy.keys.IdKeys``): under a secret key in a
+        privacy mode (operator state, checkpointed as its own part, never in ``to_bytes``), the
+        public hash otherwise. Drawn on first use, so a mode set after construction is honoured."""
+        keys = self.__dict__.get("_id_keys")
+        if keys is None or (not keys.keyed and self.privacy_mode.private):
+            from sketchrec.privacy.keys import IdKeys
+            keys = self.__dict__["_id_keys"] = IdKeys.for_mode(self.privacy_mode)
+        return keys
+
+    @id_keys.setter
+    def id_keys(self, keys) -> None:   # a restored checkpoint's key
+        self.__dict__["_id_keys"] = keys
 
     @property
     def n_learned(self) -> int:
@@ -146,9 +161,9 @@ class FactorizationModel(Ranker):
     def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
         """Learn ratings in order; return the prediction made for each just before it was learned.
 
-        ``users`` and ``items`` are ids (ints or strings) or uint64 keys from ``sketches.keys_of``.
+        ``users`` and ``items`` are ids (ints or strings) or uint64 keys from ``self.id_keys``.
         """
-        ukeys, ikeys = as_keys(users), as_keys(items)
+        ukeys, ikeys = self.id_keys.as_keys(users), self.id_keys.as_keys(items)
         r = np.ascontiguousarray(ratings, dtype=np.float64).reshape(-1)
         if not (ukeys.shape == ikeys.shape == r.shape):
             raise ValueError("users, items and ratings must have the same length")
@@ -161,7 +176,7 @@ class FactorizationModel(Ranker):
     def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
         """Predicted ratings for aligned arrays of users and items, clipped to the range seen
         unless ``clip`` is False (scores for ranking)."""
-        ukeys, ikeys = as_keys(users), as_keys(items)
+        ukeys, ikeys = self.id_keys.as_keys(users), self.id_keys.as_keys(items)
         if ukeys.shape != ikeys.shape:
             raise ValueError("users and items must have the same length")
         out = np.empty(ukeys.shape[0], dtype=np.float64)
@@ -174,9 +189,8 @@ class FactorizationModel(Ranker):
 
     def score_items(self, user, items) -> np.ndarray:
         """Unclipped scores of many items for one user (for ranking)."""
-        ikeys = as_keys(items)
-        return self.predict_many(np.full(ikeys.shape[0], as_keys(user)[0], dtype=np.uint64), ikeys,
-                                 clip=False)
+        ikeys, ukey = self.id_keys.as_keys(items), self.id_keys.as_keys(user)[0]
+        return self.predict_many(np.full(ikeys.shape[0], ukey, dtype=np.uint64), ikeys, clip=False)
 
     @abc.abstractmethod
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:

@@ -29,7 +29,6 @@ from sketchrec.models._sgd import (DIVERGED, LEARNED, SKIPPED_DIVERGED, clip_to_
                                    read_bias, record_rating)
 from sketchrec.models.base import ITEM, USER, FactorizationModel
 from sketchrec.sketches.count_sketch import CountSketch, scatter_add
-from sketchrec.sketches.hashing import as_keys
 
 DEFAULT_WIDTH = 1 << 15
 
@@ -123,6 +122,6 @@ class BiasBaseline(FactorizationModel):
         bias_predict(self.biases.cells, *self._salts, ukeys, ikeys, self.stats, clip, out)
 
     def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
-        keys = as_keys(ids)
+        keys = self.id_keys.as_keys(ids)
         biases = self.biases.read_many(keys, family)[:, 0]
         return np.zeros((keys.shape[0], 1)), biases

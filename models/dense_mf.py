@@ -7,7 +7,6 @@ import numpy as np
 from sketchrec.models._dense_sgd import dense_learn, dense_predict
 from sketchrec.models._sgd import init_rows
 from sketchrec.models.base import ITEM, USER, FactorizationModel
-from sketchrec.sketches.hashing import as_keys
 
 
 class _IdTable:
@@ -86,7 +85,7 @@ class DenseMF(FactorizationModel):
         return arrays + 100 * (self.n_users + self.n_items)
 
     def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
-        keys = as_keys(ids)
+        keys = self.id_keys.as_keys(ids)
         rows = self._rows(keys, family, False)
         table = self._tables[family]
         vectors = init_rows(keys, self._init_salts[family], self.init_std)

@@ -36,7 +36,6 @@ from sketchrec.models._sgd import DIVERGED, LEARNED, clip_to_range, record_ratin
 from sketchrec.models.base import USER, FactorizationModel
 from sketchrec.models.bias_baseline import BiasBaseline
 from sketchrec.models.sketch_mf import SketchMF
-from sketchrec.sketches.hashing import as_keys
 
 MEMBER_CLASSES = {"BiasBaseline": BiasBaseline, "SketchMF": SketchMF}
 
@@ -232,13 +231,14 @@ class Experts(FactorizationModel):
                 np.clip(out, *lo_hi, out=out)
 
     def score_items(self, user, items) -> np.ndarray:
-        w = self.weights
-        return sum(wj * m.score_items(user, items) for wj, m in zip(w, self.members_))
+        w = self.weights   # keyed here: the members learned the keys this model gave them
+        ukey, ikeys = self.id_keys.as_keys(user), self.id_keys.as_keys(items)
+        return sum(wj * m.score_items(ukey, ikeys) for wj, m in zip(w, self.members_))
 
     def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
         """Members' vectors side by side (a user's scaled by the members' weights, so that the dot
         product with an item's is the weighted sum of the members'), biases weighted."""
-        keys = as_keys(ids)
+        keys = self.id_keys.as_keys(ids)
         w = self.weights
         parts = [m.factors(keys, family) for m in self.members_]
         scale = w if family == USER else np.ones_like(w)

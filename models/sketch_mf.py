@@ -13,7 +13,6 @@ from sketchrec.models.heavy_filter import HeavyFilter, slot_bytes
 from sketchrec.models.implicit import ImplicitHistory
 from sketchrec.models.storage import FactorStore
 from sketchrec.sketches.count_sketch import CountSketch, width_for_space_gain
-from sketchrec.sketches.hashing import as_keys
 
 DEFAULT_WIDTH = 1 << 16
 DEFAULT_HEAVY_FRACTION = 0.7
@@ -295,7 +294,7 @@ class SketchMF(FactorizationModel):
         sampling); returns the predictions made at the step's start."""
         if self.dp is None:
             raise ValueError("noisy_step needs a model built with dp=...")
-        ukeys, ikeys = as_keys(users), as_keys(items)
+        ukeys, ikeys = self.id_keys.as_keys(users), self.id_keys.as_keys(items)
         r = np.ascontiguousarray(ratings, dtype=np.float64).reshape(-1)
         out = np.empty(r.shape[0])
         self._noisy(ukeys, ikeys, r, self.hyper(epoch), out)
@@ -305,13 +304,13 @@ class SketchMF(FactorizationModel):
         sketch_predict(self.store, ukeys, ikeys, self.hyper(), self.stats, clip, out)
 
     def score_items(self, user, items) -> np.ndarray:
-        ikeys = as_keys(items)
+        ikeys = self.id_keys.as_keys(items)
         out = np.empty(ikeys.shape[0], dtype=np.float64)
-        sketch_score(self.store, as_keys(user)[0], ikeys, self.hyper(), self.stats, out)
+        sketch_score(self.store, self.id_keys.as_keys(user)[0], ikeys, self.hyper(), self.stats, out)
         return out
 
     def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
-        keys = as_keys(ids)
+        keys = self.id_keys.as_keys(ids)
         vectors = np.empty((keys.shape[0], self.dim))
         biases = np.empty(keys.shape[0])
         sketch_factors(self.store, keys, family, self.init_std, vectors, biases)

@@ -21,7 +21,7 @@ import numpy as np
 from river.reco.base import Ranker
 
 from sketchrec.models.base import FactorizationModel
-from sketchrec.sketches.hashing import as_keys
+from sketchrec.privacy.keys import id_keys_of
 
 
 class Wrapped(Ranker):
@@ -31,6 +31,15 @@ class Wrapped(Ranker):
 
     def __init__(self, model, monitor=None, predict_map: Callable[[np.ndarray], np.ndarray] | None = None):
         self.model, self.monitor, self.predict_map = model, monitor, predict_map
+
+    @property
+    def id_keys(self):
+        """The wrapped model's ids-to-keys map (the keys a batch is learned under are its own)."""
+        return id_keys_of(self.model)
+
+    @id_keys.setter
+    def id_keys(self, keys) -> None:
+        self.model.id_keys = keys
 
     # the batch interface ---------------------------------------------------------------------------
     def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
@@ -45,7 +54,7 @@ class Wrapped(Ranker):
                     private: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(user keys, item keys, predictions) of a learned batch, for callers that also index
         the batch by key; ``private`` takes a DP-SGD step instead of the model's ``learn_many``."""
-        ukeys, ikeys = as_keys(users), as_keys(items)
+        ukeys, ikeys = self.id_keys.as_keys(users), self.id_keys.as_keys(items)
         ratings = np.ascontiguousarray(ratings, dtype=np.float64)
         learn = self.model.noisy_step if private else self.model.learn_many
         predictions = learn(ukeys, ikeys, ratings, epoch=epoch)

@@ -13,6 +13,13 @@ cannot be constructed from public code.
 True
 >>> id_key_for(PrivacyMode.NONE) is None, id_key_for(PrivacyMode.DP_SGD_USER) is not None
 (True, True)
+
+``IdKeys`` is the one place ids become keys for a model: a learner holds one (``model.id_keys``)
+and everything that hashes ids for that model (its batch paths, the recommender, the service)
+asks it, so the mode decides once which hash is used.
+
+>>> IdKeys.for_mode(PrivacyMode.NONE).key_of(5) == key_of(5)
+True
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from collections.abc import Hashable, Iterable
 import numpy as np
 
 from sketchrec.privacy.mode import PrivacyMode
-from sketchrec.sketches.hashing import keyed_key_of, keyed_keys_of
+from sketchrec.sketches.hashing import KEY_DTYPE, as_keys, key_of, keyed_key_of, keyed_keys_of
 
 ID_KEY_PART = "id_key"   # the checkpoint part holding it (operator state: never released)
 _MAGIC = b"SKIDKEY1"
@@ -68,3 +75,57 @@ def id_key_for(mode: PrivacyMode, stored: bytes | None = None) -> IdKey | None:
     if not mode.private:
         return None
     return IdKey.from_bytes(stored) if stored is not None else IdKey.fresh()
+
+
+class IdKeys:
+    """How one model turns ids into uint64 keys: under its secret ``IdKey`` in a privacy mode,
+    by the public hash (``sketches.hashing``) otherwise. A uint64 array is already keys (as is)."""
+
+    def __init__(self, id_key: IdKey | None = None):
+        self.id_key = id_key
+
+    @classmethod
+    def for_mode(cls, mode: PrivacyMode, stored: bytes | None = None) -> "IdKeys":
+        return cls(id_key_for(mode, stored))
+
+    @property
+    def keyed(self) -> bool:
+        return self.id_key is not None
+
+    def key_of(self, item_id: Hashable) -> int:
+        return key_of(item_id) if self.id_key is None else self.id_key.key_of(item_id)
+
+    def as_keys(self, ids_or_keys) -> np.ndarray:
+        """``sketches.hashing.as_keys`` under this model's hash."""
+        if self.id_key is None:
+            return as_keys(ids_or_keys)
+        if isinstance(ids_or_keys, np.ndarray) and ids_or_keys.dtype == KEY_DTYPE:
+            return np.ascontiguousarray(ids_or_keys)
+        if np.isscalar(ids_or_keys) or isinstance(ids_or_keys, (str, bytes)):
+            return np.array([self.id_key.key_of(ids_or_keys)], dtype=KEY_DTYPE)
+        return self.id_key.keys(ids_or_keys)
+
+    def parts(self) -> dict[str, bytes]:
+        """Checkpoint parts (operator state): the key, when there is one."""
+        return {} if self.id_key is None else {ID_KEY_PART: self.id_key.to_bytes()}
+
+    def __repr__(self) -> str:
+        return "IdKeys(<secret>)" if self.keyed else "IdKeys(public)"
+
+
+PUBLIC = IdKeys()
+
+
+def id_keys_of(model) -> IdKeys:
+    """The ids-to-keys map of any model: its own, or the public hash (a model from outside the
+    package trains non-privately)."""
+    keys = getattr(model, "id_keys", None)
+    return keys if isinstance(keys, IdKeys) else PUBLIC
+
+
+def restore_id_key(model, parts: dict[str, bytes]) -> None:
+    """Give ``model`` the id key a checkpoint or snapshot carries (``ID_KEY_PART``), if any: a
+    restored model must key ids as the one that learned them."""
+    from sketchrec.privacy.mode import mode_of
+    if ID_KEY_PART in parts and hasattr(model, "id_keys"):
+        model.id_keys = IdKeys.for_mode(mode_of(model), parts[ID_KEY_PART])

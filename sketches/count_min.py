@@ -161,10 +161,12 @@ class HeavyHitters:
         if len(self._tracked) > self.capacity:
             self._trim()
 
-    def track(self, ids) -> None:
-        """Follow these ids without counting them (e.g. the list saved beside a restored sketch)."""
+    def track(self, ids, keys=None) -> None:
+        """Follow these ids without counting them (e.g. the list saved beside a restored sketch);
+        ``keys``: theirs when the sketch is keyed otherwise than by the public hash."""
         ids = list(ids)
-        self._tracked.update(zip(ids, as_keys(np.array(ids, dtype=object)).tolist()))
+        keys = as_keys(np.array(ids, dtype=object)) if keys is None else keys
+        self._tracked.update(zip(ids, np.asarray(keys, dtype=np.uint64).tolist()))
         if len(self._tracked) > self.capacity:
             self._trim()
 

@@ -45,7 +45,7 @@ from sketchrec.privacy.mode import mode_of
 from sketchrec.stream.catalogue import Catalogue, ItemSnapshot, default_max_items
 from sketchrec.stream.served_ranking import RELEVANT, ServedRanking
 from sketchrec.sketches import BloomFilter, CountMinSketch, HeavyHitters, pair_keys
-from sketchrec.sketches.hashing import as_keys, key_of
+from sketchrec.privacy.keys import PUBLIC, IdKeys, id_keys_of, restore_id_key
 
 __all__ = ["Catalogue", "ItemSnapshot", "Recommender", "user_key"]   # Catalogue: stream.catalogue
 
@@ -136,12 +136,13 @@ class Recommender:
         if snap is None or snap.counts is None or self.ranking is None or not self.ranking.due():
             return
         for n in np.flatnonzero(np.asarray(ratings) >= RELEVANT)[:8].tolist():
-            ukey = np.array([key_of(users[n])], dtype=np.uint64)
+            ukey = self.id_keys.as_keys(users[n])
             real = np.ones(1, dtype=bool)[real_rows(users[n:n + 1])]   # empty for a canary
             if len(real) and real[0] and self.users_seen.contains_many(ukey)[0]:
                 p, bu = self.model.factors(ukey, USER)
+                item = self.id_keys.key_of(items[n])
                 self.ranking.feedback(snap, snap.counts, p[0], self.model.global_mean + bu[0],
-                                      key_of(items[n]), lambda rows: self.pairs_seen.contains_many(
+                                      item, lambda rows: self.pairs_seen.contains_many(
                                           pair_keys(np.full(len(rows), ukey[0]), snap.keys[rows])))
                 return
 
@@ -152,6 +153,12 @@ class Recommender:
 
     def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
         return self.learner.predict_many(users, items, clip=clip)
+
+    @property
+    def id_keys(self) -> IdKeys:
+        """How the model turns ids into keys (a secret key in a privacy mode): every id this
+        recommender hashes is hashed by it, so its filters and sketches agree with the model."""
+        return id_keys_of(self.model)
 
     @property
     def nbytes(self) -> int:
@@ -176,7 +183,7 @@ class Recommender:
 
     # serving -------------------------------------------------------------------------------------
     def predict(self, user, item) -> float:
-        keys = np.array([key_of(user), key_of(item)], dtype=np.uint64)  # hashed once, here
+        keys = np.array([self.id_keys.key_of(user), self.id_keys.key_of(item)], dtype=np.uint64)
         return float(self.predict_many(keys[:1], keys[1:])[0])
 
     def recommend(self, user, k: int) -> tuple[list[tuple[object, float]], str]:
@@ -184,7 +191,7 @@ class Recommender:
         (``stream.serving.ranking``; the model's own on the retrieval index's path), and where they came from
         ("model", "model-index" when the retrieval index answered, or "popular" for a user the
         model has not seen)."""
-        ukey = user_key(user)
+        ukey = user_key(user, self.id_keys)
         if not len(self.catalogue):
             return [], "empty"
         if ukey is None or not self.users_seen.contains_many(np.array([ukey], dtype=np.uint64))[0]:
@@ -307,10 +314,13 @@ class Recommender:
         rec.users_seen = BloomFilter.from_bytes(parts["users_seen"])
         rec.popularity = HeavyHitters(serving["popular_capacity"],
                                       CountMinSketch.from_bytes(parts["popularity"]))
-        rec.popularity.track(serving["popular"])
+        restore_id_key(rec.model, parts)   # before any id below is hashed
+        keys = rec.id_keys
+        rec.popularity.track(serving["popular"],
+                             keys.as_keys(np.array(serving["popular"], dtype=object)))
         if serving["catalogue"]:
             cat = np.array(serving["catalogue"], dtype=object)
-            rec.catalogue.add(cat, as_keys(cat))
+            rec.catalogue.add(cat, keys.as_keys(cat))
         return rec
 
 
@@ -352,9 +362,10 @@ def _top_unseen(scores: np.ndarray, k: int, seen_rows) -> np.ndarray:
     return rows[np.argsort(-scores[rows], kind="stable")[:k]]
 
 
-def user_key(user) -> int | None:
-    """Key of an id given over HTTP (always text): '5' and 5 are the same id."""
+def user_key(user, keys: IdKeys = PUBLIC) -> int | None:
+    """Key of an id given over HTTP (always text) under the model's ``keys``: '5' and 5 are the
+    same id."""
     try:
-        return key_of(user)
+        return keys.key_of(user)
     except TypeError:
         return None

@@ -135,6 +135,14 @@ class DPSGDFallback:
     def privacy_mode(self):
         return self.model.privacy_mode
 
+    @property
+    def id_keys(self):
+        return self.model.id_keys
+
+    @id_keys.setter
+    def id_keys(self, keys) -> None:   # the model's (a restored checkpoint's key)
+        self.model.id_keys = keys
+
     @dp.setter
     def dp(self, config) -> None:   # an epoch plan calibrates the model's noise
         self.model.dp = config
@@ -148,9 +156,13 @@ class DPSGDFallback:
         return stage_noise(self.budget, stage, dp.unit, dp.user_cap or 1, factor, terms)
 
     # -- answers -------------------------------------------------------------------------------
+    def _buckets(self, items) -> np.ndarray:
+        """Buckets of items keyed as the model keys them (its secret id key in a privacy mode)."""
+        return buckets(self.model.id_keys.as_keys(items), self.width).astype(np.int64)
+
     def baseline(self, items) -> np.ndarray:
         """The private baseline's answers (clipped to the public rating range)."""
-        return np.clip(self.release.baseline(buckets(items, self.width).astype(np.int64)),
+        return np.clip(self.release.baseline(self._buckets(items)),
                        *self.model.dp.rating_range)
 
     def predict_many(self, users, items, clip: bool = True) -> np.ndarray:
@@ -175,7 +187,7 @@ class DPSGDFallback:
             return vectors, biases
         if family == USER:
             return np.zeros_like(vectors), np.zeros_like(biases)
-        bias = self.release.item_bias[buckets(ids, self.width).astype(np.int64)]
+        bias = self.release.item_bias[self._buckets(ids)]
         return np.zeros_like(vectors), bias.astype(biases.dtype)
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -218,7 +230,7 @@ class DPSGDFallback:
         the DP choice on per-user mean error differences there (add/remove neighbours)."""
         dp = self.model.dp
         ids, uidx = np.unique(np.asarray(users), return_inverse=True)
-        enc = Encoded(uidx.astype(np.int64), buckets(items, self.width).astype(np.int64),
+        enc = Encoded(uidx.astype(np.int64), self._buckets(items),
                       np.asarray(ratings, np.float64), ids, self.width)
         keep = capped(enc.users, dp.user_cap if dp.unit == "user" else None, self._rng())
         weights = None
@@ -260,7 +272,7 @@ class DPSGDFallback:
             # no evidence before the first release: the midpoint (data-independent) rather
             # than an untrained factor model
             self.chose_factors = self.chose_factors and self.windows > 0
-        ukeys, ikeys = as_keys(users), as_keys(items)
+        ukeys, ikeys = self.model.id_keys.as_keys(users), self.model.id_keys.as_keys(items)
         r = np.ascontiguousarray(ratings, dtype=np.float64)
         base = self.baseline(ikeys)
         factors = self.model.learn_many(ukeys, ikeys, r, epoch=epoch)

@@ -91,7 +91,7 @@ import numpy as np
 
 from sketchrec.stream.fleet.deltas import ModelReplica, distinct
 from sketchrec.sketches import serial
-from sketchrec.sketches.hashing import as_keys, pair_keys
+from sketchrec.sketches.hashing import pair_keys
 
 MAGIC, VERSION = b"SKRD", 2   # 2: float arrays not compressed, cell bitmaps
 RERANK_S = 0.5   # the popular list is re-ranked at most this often by take/apply (see settle)
@@ -189,7 +189,7 @@ class DeltaTracker:
         if items:
             before = len(rec.catalogue)
             cat = np.array(items, dtype=object)
-            rec.catalogue.add(cat, as_keys(cat))
+            rec.catalogue.add(cat, rec.id_keys.as_keys(cat))   # the model's keys (keyed when private)
             self._received.update(rec.catalogue.snapshot()[0][before:])  # not ours to publish
         self.applied[member] = seq
         if "seen_items" in arrays:
