@@ -76,7 +76,8 @@ class FactorizationModel(Ranker):
         keys = self.__dict__.get("_id_keys")
         if keys is None or (not keys.keyed and self.privacy_mode.private):
             from sketchrec.privacy.keys import IdKeys
-            keys = self.__dict__["_id_keys"] = IdKeys.for_mode(self.privacy_mode)
+            debug = getattr(getattr(self, "dp", None), "debug_noise_seed", None)
+            keys = self.__dict__["_id_keys"] = IdKeys.for_mode(self.privacy_mode, debug_seed=debug)
         return keys
 
     @id_keys.setter

@@ -96,6 +96,7 @@ def test_a_stream_pass_falls_back_and_charges_one_combined_gaussian():
     assert model.dp.stream_multiplier() == pytest.approx(sum(z ** -2 for z in parts) ** -0.5)
     assert model.dp.stream_multiplier() == pytest.approx(z_sgd * math.sqrt(1 - FALLBACK_SHARE))
     back = DPSGDFallback.from_bytes(model.to_bytes())   # a checkpoint keeps what was released
+    back.id_keys = model.id_keys   # and the secret id key, as its own operator part
     assert (back.chose_factors, back.choice_sum, back.windows) == (False, model.choice_sum, 6)
     np.testing.assert_allclose(back.baseline(DATA.items[:100]), model.baseline(DATA.items[:100]))
 

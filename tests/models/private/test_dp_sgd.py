@@ -13,6 +13,7 @@ from sketchrec.models.private.dp_sgd import DPConfig
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.cli import replay_main
 from sketchrec.replay.protocols import cap_per_user, train_private_epochs
+from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
 from sketchrec.data import Ratings, SyntheticStream
 
 
@@ -46,10 +47,12 @@ def test_one_ratings_update_is_clipped_to_C_in_released_space(width):
 def test_removing_one_rating_moves_a_steps_sum_by_at_most_C():
     data = SyntheticStream(400, 50, 40, seed=3)
     batch = next(iter(data.batches(400)))
-    sums = []
+    sums, id_keys = [], None
     for keep in (slice(None), slice(1, None)):  # neighbouring batches: with and without rating 0
         model = SketchMF(dim=8, depth=4, width=256, lr=0.1, seed=4,
                          dp=DPConfig(noise_multiplier=0.0, clip=1.0, batch_size=400))
+        id_keys = id_keys or model.id_keys   # one operator: one secret id key for both
+        model.id_keys = id_keys
         sums.append(one_step_change(model, batch.users[keep], batch.items[keep], batch.ratings[keep]))
     assert np.linalg.norm(sums[0] - sums[1]) <= 1.0 + 1e-4
 
@@ -113,7 +116,7 @@ def test_stream_mode_caps_each_user_exactly():
     assert model.user_counts[next(iter(model.user_counts))] in (2, 3)
     again = SketchMF.from_bytes(model.to_bytes())
     assert again.user_counts == {}  # exact cap counts are operator state, not in the model bytes
-    again.load_operator_state(model.operator_state())
+    restore_operator_parts(again, operator_parts(model))   # the cap counts and the id key
     assert sorted(again.user_counts.values()) == [2, 3]
     again.learn_many(["heavy"], ["x"], [1.0])
     assert again.n_learned == 5  # the cap survives a checkpoint
