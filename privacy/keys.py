@@ -134,6 +134,16 @@ def id_keys_of(model) -> IdKeys:
 def restore_id_key(model, parts: dict[str, bytes]) -> None:
     """Give ``model`` the id key a checkpoint or snapshot carries (``ID_KEY_PART``), if any: a
     restored model must key ids as the one that learned them."""
-    from sketchrec.privacy.mode import mode_of
-    if ID_KEY_PART in parts and hasattr(model, "id_keys"):
-        model.id_keys = IdKeys.for_mode(mode_of(model), parts[ID_KEY_PART])
+    if ID_KEY_PART in parts and hasattr(model, "id_keys"):   # a key stored was drawn for a mode
+        model.id_keys = IdKeys(IdKey.from_bytes(parts[ID_KEY_PART]))
+
+
+def key_local_ids(model) -> None:
+    """Local DP is a privacy mode of the stream, not of the learner: when perturbed ratings
+    arrive for a model that has learned nothing yet under the public hash, it keys ids too (a
+    model that already learned keeps its keys: changing them would orphan what it learned)."""
+    keys = getattr(model, "id_keys", None)
+    if isinstance(keys, IdKeys) and not keys.keyed and getattr(model, "n_learned", 1) == 0:
+        key = id_key_for(PrivacyMode.LDP)
+        if key is not None:
+            model.id_keys = IdKeys(key)

@@ -12,6 +12,7 @@ import numpy as np
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.models.registry import MODELS
 from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.privacy.keys import key_local_ids
 from sketchrec.privacy.ldp import LDPSettings
 from sketchrec.privacy.mode import PrivacyMode
 from sketchrec.privacy.release import service_mode
@@ -151,6 +152,7 @@ class LearningService:
             self.origin["raw"] += n_ratings
             return
         self.origin["perturbed_on_device"] += n_ratings
+        key_local_ids(self.recommender.model)
         if self.origin["mechanism"] != mechanism:
             self.origin["mechanism"] = mechanism
             self.apply_ldp_debias()

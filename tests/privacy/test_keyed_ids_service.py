@@ -126,3 +126,20 @@ def test_a_debug_noise_seed_derives_the_id_key_and_a_fresh_run_draws_its_own():
         return SketchMF(dim=4, width=256, seed=1, dp=DPConfig(1.0, debug_noise_seed=seed))
     assert model(3).id_keys.key_of(VICTIM) == model(3).id_keys.key_of(VICTIM) != model(4).id_keys.key_of(VICTIM)
     assert model().id_keys.key_of(VICTIM) != model().id_keys.key_of(VICTIM)
+
+
+def test_a_service_fed_perturbed_ratings_keys_ids_and_keeps_the_key_across_a_checkpoint(tmp_path):
+    """Local DP is the stream's mode: the first perturbed ratings give a fresh model a key."""
+    from sketchrec.privacy.ldp import HEADER, DeviceRandomiser
+    service = LearningService(Recommender(SketchMF(dim=4, width=512, seed=1), pair_capacity=5000),
+                              CheckpointStore(tmp_path))
+    users, items, ratings = _ratings()
+    service.record_origin([(HEADER, DeviceRandomiser(2.0, 1.0, 5.0).header())], len(ratings))
+    service.recommender.learn_many(users, items, ratings)
+    rec = service.recommender
+    assert service.privacy_mode.value == "ldp" and rec.id_keys.keyed
+    assert rec.recommend(_forged(), 10)[1] == "popular" != rec.recommend(VICTIM, 10)[1]
+    service.checkpoint()
+    back = LearningService.from_checkpoint(tmp_path).recommender
+    assert back.id_keys.id_key.to_bytes() == rec.id_keys.id_key.to_bytes()
+    assert back.recommend(VICTIM, 10) == rec.recommend(VICTIM, 10)
