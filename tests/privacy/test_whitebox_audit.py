@@ -27,7 +27,6 @@ from sketchrec.privacy.audit import Canaries, epsilon_lower_bound
 from sketchrec.privacy.entropy import noise_generator
 from sketchrec.privacy.report import privacy_figures
 from sketchrec.replay.protocols import train_private_epochs
-from sketchrec.sketches.hashing import as_keys
 
 SEED = 11          # the public hash seed
 M, GUESS = 400, 150  # canaries; guesses at each end (300 guesses all right: epsilon >= 4.60)
@@ -73,7 +72,8 @@ def canary_scores(model, obs: Observer, canaries: Canaries, steps_of) -> np.ndar
     """Each canary's summed median ratio (de-noised step / its own clipped write) over the
     steps ``steps_of(i)`` it may have joined."""
     c = model.dp
-    ukeys, ikeys = as_keys(canaries.users), as_keys(canaries.items)
+    # stronger than the code-only attacker: it also holds the operator's secret id key
+    ukeys, ikeys = model.id_keys.as_keys(canaries.users), model.id_keys.as_keys(canaries.items)
     acc, bacc = np.zeros(model.vectors.cells.shape), np.zeros(model.biases.cells.shape)
     scratch, bscratch = np.zeros_like(acc), np.zeros_like(bacc)
     offset, pred = np.zeros(1), np.zeros(1)
