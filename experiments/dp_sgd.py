@@ -41,8 +41,9 @@ def _private_run(ratings, capacity: int, epsilon: float, epochs: int, unit: str 
     return {"unit": unit, "target_epsilon": epsilon,
             "epsilon": ledger.epsilon() if ledger.n_releases else math.inf,
             "noise_multiplier": model.dp.noise_multiplier, "rmse": res["rmse"], "kld": res["kld"],
-            "steps": res["dp_training"]["steps"], "sampling_rate": res["dp_training"]["sampling_rate"],
-            "train_kept": res["dp_training"]["train_kept"], "seconds": res["seconds"],
+            # the experiment reports the operator's exact figures (a research table, not a release)
+            **{k: res["operator"]["dp_training"][k] for k in ("steps", "sampling_rate", "train_kept")},
+            "seconds": res["seconds"],
             "batch": batch, "lr": lr}
 
 

@@ -89,7 +89,8 @@ import zlib
 
 import numpy as np
 
-from sketchrec.stream.fleet.deltas import ModelReplica, distinct
+from sketchrec.stream.fleet.delta_codec import distinct
+from sketchrec.stream.fleet.deltas import ModelReplica
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import pair_keys
 

@@ -201,7 +201,7 @@ def test_half_precision_deltas_are_smaller_and_lose_nothing_after_a_flush(stream
 
 
 def test_a_bitmap_that_does_not_match_its_values_is_refused():
-    from sketchrec.stream.fleet.deltas import encode_entries, entries_of
+    from sketchrec.stream.fleet.delta_codec import encode_entries, entries_of
     like = np.zeros(100, np.float32)
     good = encode_entries("x", np.arange(0, 100, 3), np.ones(34, np.float32), 100)
     assert "x.b" in good and entries_of(good, "x", like)[0].tolist() == list(range(0, 100, 3))
