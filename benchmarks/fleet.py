@@ -1,4 +1,4 @@
-"""Fleet benchmark (issue 20): what a second learner adds, what a delta costs, how fresh a replica is.
+"""Fleet benchmark: what a second learner adds, what a delta costs, how fresh a replica is.
 
     python -m sketchrec.benchmarks.fleet [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100]
                                            [--probes 50]

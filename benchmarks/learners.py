@@ -96,7 +96,7 @@ def learner_table(data: Ratings, runs: int = 3, slow_limit: int = 100_000, dim: 
                                    len(data)),
         "sketch_learn_one": (lambda: _OneByOne(SketchMF(capacity=capacity, dim=dim)), min(slow, 20_000)),
         "dense_batch": (lambda: DenseMF(dim=dim), len(data)),
-        # replay's default learner (issue 22): the bias baseline and an AdaGrad sketch model combined
+        # replay's default learner: the bias baseline and an AdaGrad sketch model combined
         "mix_batch": (lambda: Experts(capacity=capacity), len(data)),
         "river_biasedmf": (lambda: RiverBiasedMF(dim=dim), slow),
     }

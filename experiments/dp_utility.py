@@ -1,4 +1,4 @@
-"""dp-utility: holdout RMSE against epsilon of the joint-DP modes (issue 23), rating and user level.
+"""dp-utility: holdout RMSE against epsilon of the joint-DP modes, rating and user level.
 
 For each data set (ML-100k; in the full run also ml-latest-small when present) and each epsilon in
 {0.5, 1, 2, 4, 8} (delta = 1e-5), ``runs`` fits with fresh noise of: the joint-DP model (the

@@ -3,8 +3,8 @@ a grid over step size x regularisation of one sketch model (plain SGD and AdaGra
 prequential pass in time order, on every data set found (ML-100k, ml-latest-small) and on a seeded
 synthetic low-rank stream whose users' tastes are redrawn halfway (a change-point).
 
-Done when the defaults are <= the bias baseline and within 2% of the grid's best everywhere
-(issue 22); the change-point stream also reports the RMSE of its last tenth (recovery)."""
+Done when the defaults are <= the bias baseline and within 2% of the grid's best everywhere.
+The change-point stream also reports the RMSE of its last tenth (recovery)."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
 
 
 def _markdown(result: dict) -> str:
-    lines = ["# tuning-free (issue 22)", "",
+    lines = ["# tuning-free", "",
              "One prequential pass in time order. Defaults: `replay` without options (`--model mix`); "
              "bias baseline: `--model bias`; grid: `--model sketch --optimizer O --lr X --reg Y`.", "",
              "| stream | ratings | defaults | bias baseline | best of grid | winner | <= bias | within 2% |",

@@ -1,4 +1,4 @@
-"""The mechanisms and accounting of the joint-DP modes (issue 23): private ALS and its baseline.
+"""The mechanisms and accounting of the joint-DP modes: private ALS and its baseline.
 
 What is released (and covered): the global mean, the item biases, the item factors and the one
 bit "factors or baseline". Each is post-processing of Gaussian releases (Laplace for the one-cell

@@ -1,4 +1,4 @@
-"""The holdout protocol of the joint-DP modes (issue 23): what `replay --holdout F --dp-unit user
+"""The holdout protocol of the joint-DP modes: what `replay --holdout F --dp-unit user
 --dp-epsilon E` calls, and the public item catalogue those modes need.
 
 ``train_user_private`` fits the private model (``models.private_als``) and the private baseline

@@ -1,4 +1,4 @@
-"""The private fallback of the DP-SGD modes (issue 23): a DP-SGD model never answers worse than
+"""The private fallback of the DP-SGD modes: a DP-SGD model never answers worse than
 the private baseline (DP global mean + DP item biases) made under the same budget, and which of
 the two answers is itself a DP release.
 

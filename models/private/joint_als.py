@@ -1,5 +1,5 @@
 """Private alternating least squares with joint differential privacy (Chien et al., ICML 2021),
-on top of the private bias baseline (issue 23).
+on top of the private bias baseline.
 
 Training (every release noised and charged to the ledger, ``privacy.joint_dp``):
 

@@ -1,4 +1,4 @@
-"""The private baseline: a DP global mean and damped DP item biases (issue 23), and the pieces
+"""The private baseline: a DP global mean and damped DP item biases, and the pieces
 the joint-DP learners share — ids to indices over a public catalogue, the per-user cap, per-user
 ridge solves from a user's own ratings.
 

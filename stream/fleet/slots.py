@@ -1,4 +1,4 @@
-"""Heavy-hitter slots that the replicas of one model agree on (fleet mode, issue 20).
+"""Heavy-hitter slots that the replicas of one model agree on (fleet mode).
 
 A single learner admits an id into an exact slot by the Randomized Admission Policy and moves the
 id's sketch estimate with it (``models.heavy_filter``): a local decision, and a move whose size

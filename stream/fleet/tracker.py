@@ -1,5 +1,5 @@
 """Replicas of one recommender: a member of a fleet publishes what it learned as a compact
-delta and adds every other member's deltas to its own replica (issue 20).
+delta and adds every other member's deltas to its own replica.
 
 >>> from sketchrec.models import SketchMF
 >>> from sketchrec.stream.recommender import Recommender

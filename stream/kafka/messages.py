@@ -194,7 +194,7 @@ def encode_batch(rows: list[tuple]) -> bytes:
 
 # --- the fast form -------------------------------------------------------------------------------
 # Most topics carry only "digits,digits,rating[,digits]" lines; parsing them one Python string at a
-# time was most of a consumer's cost past kafka-python's own (issue 20). This compiled pass takes a
+# time was most of a consumer's cost past kafka-python's own. This compiled pass takes a
 # poll's values at once and accepts only a strict subset of what parse_message accepts, where both
 # give the same ratings bit for bit; any other message (JSON, text ids, signs, exponents, blank
 # lines, out-of-range ratings, ...) is left to parse_message, with its named reasons.

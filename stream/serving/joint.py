@@ -1,4 +1,4 @@
-"""Serving a joint-DP model (``models.private_als.PrivateALS``, issue 23): read-only, after it was
+"""Serving a joint-DP model (``models.private.joint_als.PrivateALS``): read-only, after it was
 trained in one batch, through the same ``LearningService`` and HTTP app as the learning models.
 
 The guarantee is *joint* DP: the release (global mean, item biases, item factors, the fallback

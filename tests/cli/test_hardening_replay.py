@@ -1,4 +1,4 @@
-"""`replay` against bad input, bad options and interruptions (issue 19, items 11-14): a one-line
+"""`replay` against bad input, bad options and interruptions: a one-line
 error and a non-zero exit, or a correct result; never a traceback, never nonsense that exits 0."""
 
 import gzip

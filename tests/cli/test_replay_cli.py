@@ -25,7 +25,7 @@ def test_replay_synthetic_default_reports_everything(capsys):
                 "protocol", "model", "params"):
         assert key in result
     assert result["ratings"] == 20_000 and result["protocol"] == "prequential"
-    # the default learner: the combination (issue 22); its weights are reported
+    # the default learner: the combination; its weights are reported
     assert result["model"] == "mix" and result["source"] == "synthetic"
     assert 0.3 < result["rmse"] < 1.5 and result["mae"] < result["rmse"]
     assert result["params"]["members"] == "bias + sketch adagrad-id lr=0.2 reg=0.02 d=64"
@@ -85,7 +85,7 @@ def test_holdout_on_ml100k_meets_the_accuracy_bar(capsys, ml100k):
     assert 0 <= rmse["sketch"] - rmse["dense"] <= 0.008
 
 
-def test_the_default_holdout_on_ml100k_meets_issue_22s_bar_through_implicit_feedback(capsys, ml100k):
+def test_the_default_holdout_on_ml100k_meets_the_accuracy_bar_through_implicit_feedback(capsys, ml100k):
     """Issue 22: defaults, holdout 0.2, 20 epochs -> RMSE <= 0.905 (measured 0.9025 at seed 1); the
     combination gets there by switching on its factor member's implicit term for epochs, which
     also moves one sketch learner (`--implicit 64`) well below the same learner without it."""

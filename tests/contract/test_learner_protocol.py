@@ -47,7 +47,7 @@ LEARNERS = [
     Learner("DenseMF", lambda: DenseMF(**KW), fixed_memory=False),
     Learner("RiverBiasedMF", lambda: RiverBiasedMF(dim=8, lr=0.05, seed=3), ranker=False, checkpoint=False,
             fixed_memory=False),
-    # issue 22: AdaGrad steps, the bias baseline, the default combination of learners
+    # AdaGrad steps, the bias baseline, the default combination of learners
     Learner("SketchMF-adagrad-id", lambda: SketchMF(width=256, depth=4, optimizer="adagrad-id", **KW),
             fixed_memory=True),
     Learner("BiasBaseline", lambda: BiasBaseline(width=64, seed=3), fixed_memory=True),

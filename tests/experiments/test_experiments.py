@@ -153,7 +153,7 @@ def test_huber_movielens_quick(tmp_path):
 
 @pytest.mark.usefixtures("ml100k")
 def test_tuning_free_quick(tmp_path):
-    # issue 22: the defaults are <= the damped bias baseline and within 2% of the grid's best,
+    # the defaults are <= the damped bias baseline and within 2% of the grid's best,
     # on ML-100k and on the change-point stream
     result = _quick(tmp_path, "tuning-free")
     assert set(result["streams"]) == {"change-point", "ml-100k"}

@@ -1,6 +1,6 @@
 """A fleet on a real broker: learners that share one model through the model topic, one killed
 with SIGKILL, one added and one stalled past its session timeout mid-stream, and a read-only
-serving replica (issue 20).
+serving replica.
 
 The stream is SKETCHREC_FLEET_RATINGS ratings (default 300,000; ~60 s here) on a 6-partition topic, produced
 at a steady rate while the fleet learns, so that the kill and the join land mid-stream."""

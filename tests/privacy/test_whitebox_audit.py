@@ -1,4 +1,4 @@
-"""White-box one-run audit of DP-SGD (issue 18, item 8; the audit document's defect D1).
+"""White-box one-run audit of DP-SGD (the audit document's defect D1).
 
 The attacker knows the code, the public hash seed and every served model (the state before and
 after each noisy step). It "de-noises" each step with every value it can read — it regenerates

@@ -1,4 +1,4 @@
-"""The DP-SGD modes' private fallback (issue 23): never worse than the DP baseline made under the
+"""The DP-SGD modes' private fallback: never worse than the DP baseline made under the
 same budget, the baseline and the choice charged in the same ledger, the choice itself DP."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The joint-DP modes of issue 23: calibrated noise, per-user contribution bounds, the ledger's
+"""The joint-DP modes: calibrated noise, per-user contribution bounds, the ledger's
 proven epsilon, the fallback, a white-box one-run audit, and the ML-100k targets."""
 
 from __future__ import annotations
