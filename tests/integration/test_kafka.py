@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from collections import Counter
 
 import httpx
@@ -94,16 +95,19 @@ def crash_three_times_then_finish(kafka_bootstrap: str, topic: str, ckpt) -> dic
     killed_at = []
     for threshold in kills:
         port = free_port()
-        proc = subprocess.Popen(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}",
-                                            "--checkpoint-every", "4000", "--serve", f"127.0.0.1:{port}",
-                                            "--workers", "1"),  # /stats from the learner: no readers to start
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # its log goes to a file: a pipe nobody reads while it runs would fill and block the consumer
+        log = Path(str(ckpt) + f"-{threshold}.err")
+        with log.open("w") as err:
+            proc = subprocess.Popen(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}",
+                                                "--checkpoint-every", "4000", "--serve", f"127.0.0.1:{port}",
+                                                "--workers", "1"),  # /stats from the learner: no readers
+                                    stdout=subprocess.DEVNULL, stderr=err, text=True)
         try:
             learned = 0
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 300
             while learned < threshold:
-                assert proc.poll() is None, proc.stderr.read()[-3000:]
-                assert time.monotonic() < deadline, "consumer made no progress"
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "consumer made no progress: " + log.read_text()[-3000:]
                 try:
                     learned = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()["ratings_learned"]
                 except httpx.TransportError:
