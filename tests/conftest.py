@@ -10,6 +10,7 @@ extra) is started on a free loopback port with in-memory storage for the test se
 """
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -64,6 +65,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_processes(procs) -> None:
+    """SIGTERM every process still running, then wait for each (30 s) and kill what has not ended."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _wait_for_broker(bootstrap: str, proc=None, timeout: float = 30.0) -> None:

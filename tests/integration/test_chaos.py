@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import _wait_for_broker, free_port
+from conftest import _wait_for_broker, free_port, stop_processes
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
@@ -131,14 +131,7 @@ class _Procs:
             time.sleep(0.3)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.procs.values())
 
 
 def test_a_fleet_under_poison_kill_9_and_a_broker_pause_ends_exact(own_broker, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
-from conftest import free_port
+from conftest import free_port, stop_processes
 
 N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 300_000))  # fewer on a slow machine
 MODEL = ["--dim", "8", "--capacity", "6000", "--seed", "3"]
@@ -102,14 +102,7 @@ class Fleet:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.procs.values())
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict:
