@@ -5,7 +5,11 @@ only, but our kernels inline helpers from other modules (the heavy filter, AdaGr
 implicit term all compile into ``models/_sgd.py``'s loops): after an edit of a helper alone, or a
 ``git pull`` that touches only it, numba would go on running the old helper, silently. Keying the
 cache directory by the size and modification time of every source file of the compiled
-subpackages makes any such change start from a fresh cache (the first run compiles again, ~25 s).
+subpackages makes any such change start from a fresh cache (the first run compiles again).
+Of ``sketchrec.stream`` and ``sketchrec.privacy`` only the modules that use numba count: an edit of
+the HTTP routes or the Kafka loop cannot change a kernel, and must not cost a recompile. The
+learner tiers (``sketches``, ``models``) count whole, since a kernel there may also freeze a
+module-level constant of a plain module at compile time.
 
 The directory is ``$NUMBA_CACHE_DIR/<stamp>`` when that variable is set, else
 ``~/.cache/sketchrec/numba/<stamp>`` (there the three most recent stamps are kept, and older
@@ -27,22 +31,27 @@ from importlib.util import find_spec
 from pathlib import Path
 
 COMPILED = ("sketchrec.sketches", "sketchrec.models", "sketchrec.privacy", "sketchrec.stream")
+NUMBA_ONLY = ("sketchrec.privacy", "sketchrec.stream")   # of these, the modules using numba only
 KEEP = 3
 
 
-def sources_stamp(roots: list[Path]) -> str:
-    """A digest of the names, sizes and modification times of the .py files under ``roots``."""
+def sources_stamp(roots: list[Path], numba_only: tuple[Path, ...] = ()) -> str:
+    """A digest of the names and contents of the .py files under ``roots`` (under a root in
+    ``numba_only``, of the files that mention numba only)."""
     digest = hashlib.blake2b(digest_size=8)
     for root in roots:
         for path in sorted(root.rglob("*.py")):
-            stat = path.stat()
-            digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+            text = path.read_bytes()
+            if root in numba_only and b"numba" not in text:
+                continue
+            digest.update(f"{path}:{len(text)};".encode())
+            digest.update(text)
     return digest.hexdigest()
 
 
-def _roots() -> list[Path]:
+def _roots(names: tuple[str, ...] = COMPILED) -> list[Path]:
     roots = []
-    for name in COMPILED:
+    for name in names:
         spec = find_spec(name)
         roots += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
     return roots
@@ -54,7 +63,7 @@ def choose() -> str | None:
     given = os.environ.get("NUMBA_CACHE_DIR")
     try:
         base = Path(given) if given else Path.home() / ".cache" / "sketchrec" / "numba"
-        target = base / sources_stamp(_roots())
+        target = base / sources_stamp(_roots(), tuple(_roots(NUMBA_ONLY)))
         target.mkdir(parents=True, exist_ok=True)
     except (OSError, RuntimeError):   # RuntimeError: no home directory to be found
         return None

@@ -4,7 +4,6 @@ an edit of a helper that a kernel inlines from another module must not leave the
 import os
 import subprocess
 import sys
-import time
 
 from sketchrec._kernel_cache import sources_stamp
 
@@ -14,9 +13,18 @@ def test_an_edit_of_any_source_changes_the_stamp(tmp_path):
     (tmp_path / "helper.py").write_text("def helper(): return 1\n")
     before = sources_stamp([tmp_path])
     assert sources_stamp([tmp_path]) == before
-    time.sleep(0.01)
     (tmp_path / "helper.py").write_text("def helper(): return 2\n")   # the kernel file untouched
     assert sources_stamp([tmp_path]) != before
+
+
+def test_only_modules_using_numba_count_where_asked(tmp_path):
+    (tmp_path / "kernel.py").write_text("import numba\n")
+    (tmp_path / "routes.py").write_text("ROUTES = 1\n")
+    before = sources_stamp([tmp_path], (tmp_path,))
+    (tmp_path / "routes.py").write_text("ROUTES = 2\n")     # no kernel can see it: same cache
+    assert sources_stamp([tmp_path], (tmp_path,)) == before
+    (tmp_path / "kernel.py").write_text("import numba  # edited\n")
+    assert sources_stamp([tmp_path], (tmp_path,)) != before
 
 
 def test_kernels_are_cached_under_the_stamp_of_the_sources(tmp_path):
@@ -26,7 +34,8 @@ def test_kernels_are_cached_under_the_stamp_of_the_sources(tmp_path):
              "from sketchrec.models._sgd import sketch_learn\n"
              "from sketchrec._kernel_cache import _roots, sources_stamp\n"
              "print(sketch_learn._cache._cache_path)\n"
-             "print(sources_stamp(_roots()))\n")
+             "from sketchrec._kernel_cache import NUMBA_ONLY\n"
+             "print(sources_stamp(_roots(), tuple(_roots(NUMBA_ONLY))))\n")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
