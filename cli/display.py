@@ -104,6 +104,8 @@ def summary(result: dict) -> str:
     if priv.get("serving"):  # a private mode with a fallback: which model answers
         lines.append(f"  answers from      {priv['serving']}"
                      + (f" (DP-SGD alone {result['dp_sgd_rmse']:.4f})" if "dp_sgd_rmse" in result else ""))
+    if (result.get("versus_private_mean") or {}).get("worse"):
+        lines.append(f"  WORSE THAN MEAN   {result['versus_private_mean']['note']}")
     if result.get("rating_range"):
         lo, hi = result["rating_range"]
         lines.append(f"  rating range      [{lo:g}, {hi:g}] ({result['rating_range_source']})")

@@ -185,8 +185,9 @@ def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     monitor = config.monitor.build(config.seed) if stream else None
     learner, service = model, None
     if config.serving.listen or config.serving.checkpoint:
+        from sketchrec.stream.service import FeedingLearner
         service = make_service(model, source, config, monitor, ledger)
-        learner = service.recommender
+        learner = service.recommender if not stream else FeedingLearner(service)
     elif monitor is not None:
         from sketchrec.models.wrapped import Wrapped
         learner = Wrapped(model, monitor)
@@ -314,8 +315,13 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
         result["privacy"].update(model.fallback_figures())
         result = {**model.component_rmse(), **result}   # holdout: its test figures win
     result["kld"] = holdout_kld if holdout_kld is not None else result["privacy"].get("kld")
-    if run.service is not None and run.service.checkpoints is not None:
-        result["checkpoint"] = run.service.checkpoint()
+    if "private_mean_rmse" in result:   # said when the private model served worse than the mean
+        from sketchrec.privacy.report import versus_private_mean
+        result["versus_private_mean"] = versus_private_mean(result["rmse"], result["private_mean_rmse"])
+    if run.service is not None:
+        run.service.finish()   # the stream ended: the dashboard says so
+        if run.service.checkpoints is not None:
+            result["checkpoint"] = run.service.checkpoint()
     params = result["params"]  # what the model set aside (loss clipping, divergence) was not learned
     result["learned"] = result["ratings"] - (params.get("skipped_by_clip_loss") or 0) \
         - (params.get("skipped_diverged") or 0)

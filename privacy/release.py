@@ -33,7 +33,9 @@ FIELDS: dict[str, str] = {
                     "ratings_learned"),
     **dict.fromkeys(("model_bytes", "serving_bytes", "memory_bytes"), "model_bytes"),
     **dict.fromkeys(("uptime_s", "paused", "read_only", "checkpoint_age_s", "checkpoint_error",
-                     "broker", "ready"), "health"),
+                     "broker", "ready", "state"), "health"),
+    # exact errors of the served model and of the private mean: operator state in DP
+    "versus_private_mean": "ratings_learned",
     "offsets": "offsets",
     # /privacy, the --json privacy block: the guarantee and how it was made
     **dict.fromkeys(("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "guarantee",
@@ -44,7 +46,7 @@ FIELDS: dict[str, str] = {
                      "noise_multiplier", "clip", "batch_size", "user_cap", "rating_range",
                      "debug_noise_seed", "fallback_share", "budget_epsilon"), "guarantee"),
     # which model answers and the noisy evidence for it (a DP release)
-    **dict.fromkeys(("serving", "fallback", "choice", "chose_factors"), "predictions"),
+    **dict.fromkeys(("serving", "fallback", "choice", "chose_factors", "released"), "predictions"),
     # the monitor's exact moments (``privacy.monitor.figures``)
     **dict.fromkeys(("kld", "kld_cumulative", "seen_error_mean", "seen_error_var", "seen_sample",
                      "unseen_error_mean", "unseen_error_var", "unseen_window", "unseen_total",

@@ -57,3 +57,18 @@ def operator_figures(monitor=None, stats: dict | None = None) -> dict:
     counters, labelled not covered."""
     return {"covered": False, "note": NOT_COVERED,
             "monitor": monitor.figures() if monitor is not None else None, "stats": stats}
+
+
+def versus_private_mean(served_rmse: float, mean_rmse: float) -> dict:
+    """Whether a private model served worse than its private global mean would have on the same
+    ratings, with a line saying so (both RMSEs are exact: operator state in a DP mode, where
+    only ``release`` decides what is public).
+
+    >>> versus_private_mean(1.15, 1.13)["worse"], versus_private_mean(0.98, 1.13)["note"]
+    (True, None)
+    """
+    worse = bool(served_rmse > mean_rmse)
+    return {"served_rmse": served_rmse, "private_mean_rmse": mean_rmse, "worse": worse,
+            "note": (f"served RMSE {served_rmse:.4f} is worse than the private global mean's "
+                     f"{mean_rmse:.4f}: at this privacy budget the model adds nothing over "
+                     "predicting the mean (more data or a larger epsilon would)") if worse else None}

@@ -12,11 +12,12 @@ import numpy as np
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.models.registry import MODELS
 from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.privacy.audit import real_rows
 from sketchrec.privacy.keys import key_local_ids
 from sketchrec.privacy.ldp import LDPSettings
 from sketchrec.privacy.mode import PrivacyMode
 from sketchrec.privacy.release import service_mode
-from sketchrec.privacy.report import privacy_figures
+from sketchrec.privacy.report import privacy_figures, versus_private_mean
 from sketchrec.stream.checkpoint import (Checkpoint, CheckpointStore, operator_parts,
                                          restore_operator_parts)
 from sketchrec.stream.health import Health
@@ -62,6 +63,7 @@ class LearningService:
         self.ledger = ledger
         self.budget: float | None = None  # the epsilon budget of the private passes (public)
         self.budget_stopped = False     # learning refused: the privacy budget is spent
+        self.finished = False           # the stream ended (a replay): served, learning no more
         self.origin = {"perturbed_on_device": 0, "raw": 0, "mechanism": None}  # local DP (headers)
         self.debias_ldp = debias_ldp
         self.health = Health()
@@ -103,6 +105,7 @@ class LearningService:
                 "catalogue_max_items": getattr(self.recommender.catalogue, "max_items", None),
                 "catalogue_evicted": getattr(self.recommender.catalogue, "evicted", 0),
                 "uptime_s": uptime, "paused": not self.recommender.learning.is_set(),
+                "state": self.state(), **self._versus_private_mean(),
                 "read_only": self.read_only, "checkpoint": self.last_checkpoint,
                 "checkpoint_age_s": (round(time.time() - self.last_checkpoint["at"], 3)
                                      if self.last_checkpoint and self.last_checkpoint.get("at") else None),
@@ -110,6 +113,31 @@ class LearningService:
                 "broker": self.health.broker(), "ready": self.health.ready,
                 "prequential_rmse": self.errors.rmse if self.errors.n else None,
                 "offsets": self.offsets}
+
+    def state(self) -> str:
+        """What the service is doing, in words (the dashboard's status line)."""
+        broker = self.health.broker()
+        for state, now in (("read-only", self.read_only), ("finished", self.finished),
+                           ("stopped: privacy budget spent", self.budget_stopped),
+                           ("paused", not self.recommender.learning.is_set()),
+                           ("waiting for the broker", broker is not None and not broker["connected"])):
+            if now:
+                return state
+        return "learning"
+
+    def finish(self) -> None:
+        """The stream ended (a replay's file): the service serves on and says it learns no more."""
+        self.finished = True
+
+    def _versus_private_mean(self) -> dict:
+        """A DP model with its private fallback: whether what it served was worse than the
+        private global mean alone (exact errors: operator state in the DP modes)."""
+        rmse = getattr(self.recommender.model, "component_rmse", None)
+        figures = rmse() if rmse is not None else {}
+        if "private_mean_rmse" not in figures:
+            return {}
+        return {"versus_private_mean": versus_private_mean(figures["served_rmse"],
+                                                           figures["private_mean_rmse"])}
 
     def warm_up(self) -> None:
         """Compile the prediction kernels (numba; ~10 s on a cold cache) before answering: until
@@ -130,6 +158,7 @@ class LearningService:
         if fallback is not None:  # which model answers (factors or the private baseline) and why
             figures.update(fallback())
         figures["epsilon_budget"] = self.budget
+        figures.update(self._versus_private_mean())   # exact: withheld by the release in DP
         mech = self.origin.get("mechanism")
         if mech and not self.origin["raw"] and figures["mode"] == "non-private":
             figures.update(LDPSettings.from_mechanism(mech).figures())  # every rating came perturbed
@@ -252,3 +281,21 @@ class LearningService:
         self.recommender = Recommender.from_parts(ckpt.parts, self.model_cls)  # one reference swap
         self._adopt(ckpt)
         return True
+
+
+class FeedingLearner:
+    """The service's recommender as a prequential replay's learner: each batch's errors also go
+    to the service (its /stats and the dashboard's RMSE), as ``consume`` feeds them."""
+
+    def __init__(self, service: LearningService):
+        self.service = service
+
+    def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
+        from sketchrec.stream.kafka.intake import finite_errors   # as the consumer drops them
+        predictions = self.service.recommender.learn_many(users, items, ratings, epoch=epoch)
+        real = real_rows(users)   # audit canaries are not part of the reported accuracy
+        self.service.errors.add(*finite_errors(predictions[real], np.asarray(ratings)[real]))
+        return predictions
+
+    def __getattr__(self, name: str):
+        return getattr(self.service.recommender, name)

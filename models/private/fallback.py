@@ -118,7 +118,7 @@ class DPSGDFallback:
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._counts: dict = {}      # the stream's per-user counts for the user cap
         self._allowance: dict = {}   # the pass's per-user squared norm left (``user_weights``)
-        self._sq = {"factors": 0.0, "baseline": 0.0, "n": 0}
+        self._sq = {"factors": 0.0, "baseline": 0.0, "served": 0.0, "mean": 0.0, "n": 0}  # exact
         self._step = 0
 
     def __getattr__(self, name):
@@ -174,6 +174,11 @@ class DPSGDFallback:
         if self.chose_factors:
             return self.model.score_items(user, items)
         return self.baseline(items)
+
+    @property
+    def private_mean(self) -> float:
+        """The released global mean, clipped (the range's midpoint before a release)."""
+        return float(np.clip(self.release.mu, *self.model.dp.rating_range))
 
     @property
     def global_mean(self) -> float:
@@ -258,10 +263,13 @@ class DPSGDFallback:
         r = np.asarray(ratings, np.float64)
         factors = self.model.predict_many(users, items)
         base = self.baseline(items)
-        self._sq["factors"] += float(((factors - r) ** 2).sum())
-        self._sq["baseline"] += float(((base - r) ** 2).sum())
-        self._sq["n"] += len(r)
+        self._tally(r, factors=factors, baseline=base)
         return (base - r) ** 2 - (factors - r) ** 2
+
+    def _tally(self, r: np.ndarray, **answers) -> None:
+        for name, answer in answers.items():
+            self._sq[name] += float(((answer - r) ** 2).sum())
+        self._sq["n"] += len(r)
 
     # -- a stream pass ---------------------------------------------------------------------------
     def learn_many(self, users, items, ratings, epoch: int = 0) -> np.ndarray:
@@ -278,9 +286,7 @@ class DPSGDFallback:
         factors = self.model.learn_many(ukeys, ikeys, r, epoch=epoch)
         served = factors if self.chose_factors else base
         diff = (base - r) ** 2 - (factors - r) ** 2
-        self._sq["factors"] += float(((factors - r) ** 2).sum())
-        self._sq["baseline"] += float(((base - r) ** 2).sum())
-        self._sq["n"] += len(r)
+        self._tally(r, factors=factors, baseline=base, served=served, mean=self.private_mean)
         keep = self._within_cap(ukeys)
         start = 0
         while start < len(r):  # windows at fixed stream positions (multiples of ``window``)
@@ -351,15 +357,16 @@ class DPSGDFallback:
     def component_rmse(self) -> dict:
         """Exact RMSEs of both models on the ratings their choice was made on (a replay figure,
         not a release: never on /privacy)."""
-        n = max(self._sq["n"], 1)
-        return {"dp_sgd_rmse": math.sqrt(self._sq["factors"] / n),
-                "baseline_rmse": math.sqrt(self._sq["baseline"] / n)}
+        names = {"factors": "dp_sgd_rmse", "baseline": "baseline_rmse"} | (   # a stream: served
+            {"served": "served_rmse", "mean": "private_mean_rmse"} if self.position else {})
+        return {out: math.sqrt(self._sq[name] / max(self._sq["n"], 1)) for name, out in names.items()}
 
     def test_rmse(self, users, items, ratings) -> dict:
         """Both models' RMSE on held-out ratings (a replay figure)."""
         r = np.asarray(ratings, np.float64)
         return {"dp_sgd_rmse": float(np.sqrt(np.mean((self.model.predict_many(users, items) - r) ** 2))),
-                "baseline_rmse": float(np.sqrt(np.mean((self.baseline(items) - r) ** 2)))}
+                "baseline_rmse": float(np.sqrt(np.mean((self.baseline(items) - r) ** 2))),
+                "private_mean_rmse": float(np.sqrt(np.mean((self.private_mean - r) ** 2)))}
 
     def fallback_figures(self) -> dict:
         """Which model answers and why: what /privacy and `replay --json` add to the guarantee."""
@@ -374,7 +381,9 @@ class DPSGDFallback:
                                     if self.windows
                                     else "-3 noise std (holdout)")},
                 "fallback_budget": f"{FALLBACK_SHARES} of the budget's 1/z^2 (DP-SGD: the rest), "
-                                   "charged in the same ledger"}
+                                   "charged in the same ledger",
+                "released": {"private_mean": self.private_mean,   # the baseline's, noised
+                             "noisy_ratings": self._totals[1] if self.windows else None}}
 
 
 def with_fallback(model, width: int):

@@ -140,11 +140,21 @@ function render(stats, privacy, rate) {
   document.getElementById("v-reasons").textContent =
     Object.entries(skipped).map(([r, n]) => `${r}: ${fmt(n, 0)}`).join(", ");
   const uptime = num(stats.uptime_s);
-  const mode = stats.read_only ? "read-only" : stats.paused ? "paused"
-    : privacy.budget_exhausted ? "learning stopped: ε budget spent" : "learning";
+  const mode = stats.state || (stats.read_only ? "read-only" : stats.paused ? "paused" : "learning");
   document.getElementById("status").innerHTML = `${mode} · up ${uptime === null ? "n/a"
     : new Date(uptime * 1000).toISOString().slice(11, 19)} · updated ${new Date().toLocaleTimeString()}` +
     (privacy.kld_alert ? ' · <span class="alert">KLD alert</span>' : "");
+  const fallback = typeof privacy.fallback === "boolean";   // a DP model with its private fallback
+  show("v-answers", fallback ? (privacy.fallback ? "baseline" : "factors") : null,
+       fallback ? (privacy.fallback ? "private baseline" : "DP-SGD factors") : "the learner");
+  document.getElementById("v-answers-why").textContent = fallback ? privacy.serving : "no fallback in this mode";
+  const released = privacy.released || {};
+  show("v-released", num(released.private_mean), fmt(released.private_mean, 3));
+  document.getElementById("v-released-n").textContent = num(released.noisy_ratings) !== null
+    ? `from ≈ ${fmt(released.noisy_ratings, 0)} ratings (a noisy count)` : fallback ? "no release yet"
+    : "this mode releases no noised figures";
+  const versus = stats.versus_private_mean || {};
+  document.getElementById("versus").textContent = versus.worse ? `Warning: ${versus.note}` : "";
   document.getElementById("guarantee").textContent = privacy.guarantee ? `Guarantee: ${privacy.guarantee}` : "";
   document.getElementById("kld-note").textContent = privacy.kld_note ? `KLD: ${privacy.kld_note}` : "";
 }
@@ -166,6 +176,7 @@ async function poll() {
     const { rate, rebuild } = record(stats, privacy || {});
     if (rebuild) buildCharts();
     render(stats, privacy || {}, rate);
+    explain(stats, privacy || {});
     draw("c-rmse", [state.rmse]);
     draw("c-kld", [state.kld, state.kldc, state.thr]);
     draw("c-eps", [state.eps, state.budget]);
@@ -176,6 +187,40 @@ async function poll() {
     state.polls += 1;
   }
   setTimeout(poll, POLL_MS);
+}
+
+// --- why a chart is empty: a line drawn over it, never a blank chart -------------------------
+const OPERATOR = "exact figures are operator state in this privacy mode (the operator sees them " +
+  "with the admin token: /#token=…)";
+const blank = (column) => column.every((x) => x === null);
+function reasons(stats, privacy) {
+  const secret = (obj, key) => !(key in obj) && "operator_state" in obj;
+  const monitor = "kld_cumulative" in privacy;
+  const skipped = Object.values(state.skipped);
+  return {
+    "c-rmse": !blank(state.rmse) ? null : secret(stats, "prequential_rmse") ? OPERATOR
+      : stats.read_only ? "a read-only service learns nothing: no prequential error"
+      : !num(stats.ratings_learned) ? "no rating learned yet"
+      : "this run measures no prequential error (a holdout replay reports its test RMSE at the end)",
+    "c-kld": !blank(state.kld) ? null : typeof privacy.monitor === "string" && !monitor ? OPERATOR
+      : monitor ? "the monitor has no full window of errors yet"
+      : "no privacy monitor in this run (turned off, or a service started without one)",
+    "c-eps": !blank(state.eps) ? null : privacy.mode === "non-private"
+      ? "non-private mode: no ε is spent (a privacy mode, e.g. --dp-epsilon, accounts it)"
+      : "no ε accounted yet",
+    "c-rate": !blank(state.rate) ? null : secret(stats, "ratings_learned") ? OPERATOR
+      : "needs two polls",
+    "c-skipped": secret(stats, "skipped") ? OPERATOR
+      : skipped.some((column) => column.some((x) => x)) ? null : "no rating set aside so far",
+    "c-mem": !blank(state.model) ? null : secret(stats, "model_bytes") ? OPERATOR : "no memory figure",
+  };
+}
+function explain(stats, privacy) {
+  for (const [id, why] of Object.entries(reasons(stats, privacy))) {
+    const el = document.getElementById(`r-${id}`);
+    el.hidden = why === null;
+    el.textContent = why || "";
+  }
 }
 
 // --- try it ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 from sketchrec.data import SyntheticStream
 from sketchrec.models import SketchMF
 from sketchrec.models.private.dp_sgd import DPConfig
+from sketchrec.models.private.fallback import DPSGDFallback
 from sketchrec.privacy.monitor import PrivacyMonitor
 from sketchrec.stream.serving.dashboard import ASSETS
 from sketchrec.stream.serving.http import create_app
@@ -30,7 +31,10 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 
 
 def private_service():
-    model = SketchMF(dim=8, capacity=500, seed=0, dp=DPConfig(noise_multiplier=3.0, batch_size=250))
+    # wrapped with its private fallback, as replay and consume serve a DP-SGD model (a small
+    # window: the baseline is released, and the choice made, within the test's stream)
+    model = DPSGDFallback(SketchMF(dim=8, capacity=500, seed=0,
+                                   dp=DPConfig(noise_multiplier=3.0, batch_size=250)), width=256, window=500)
     monitor = PrivacyMonitor(window=1000, reservoir=500, probe_every=500, alert_kld=0.05, seed=0)
     return LearningService(Recommender(model, pair_capacity=50_000, seed=0, monitor=monitor))
 
@@ -119,6 +123,27 @@ def card(page, name: str) -> str:
     return page.get_attribute(f"#v-{name}", "data-value")
 
 
+CHARTS = ("c-rmse", "c-kld", "c-eps", "c-rate", "c-skipped", "c-mem")
+
+
+def drawn(page) -> dict:
+    """Per chart: the count of points it holds (non-null, and for the skipped reasons non-zero)
+    and the reason drawn over it ('' when none is shown)."""
+    return page.evaluate("""(ids) => Object.fromEntries(ids.map((id) => {
+        const data = window.dashboard.charts[id].data.slice(1).flat();
+        const reason = document.getElementById("r-" + id);
+        return [id, { points: data.filter((x) => x !== null && (id !== "c-skipped" || x > 0)).length,
+                      reason: reason.hidden ? "" : reason.textContent }]; }))""", list(CHARTS))
+
+
+def assert_no_blank_chart(page) -> dict:
+    """Every chart holds values or says why it has none."""
+    charts = drawn(page)
+    for name, chart in charts.items():
+        assert chart["points"] > 0 or chart["reason"], f"{name} is empty and says nothing: {charts}"
+    return charts
+
+
 def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser, tmp_path):
     base, service, learner = served
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -154,6 +179,12 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     assert "dp-sgd" in page.inner_text("#v-mode") and "budget spent" in page.inner_text("#v-mode")
     assert page.locator("#c-skipped .u-legend").inner_text().count("missing fields") == 1
     assert page.locator("canvas").count() == 6                    # every chart drew
+    assert "stopped: privacy budget spent" in page.inner_text("#status")
+    assert card(page, "answers") in ("baseline", "factors")        # which model answers, and why
+    assert page.inner_text("#v-answers-why") == client_privacy(base)["serving"]
+    assert float(card(page, "released")) == client_privacy(base)["released"]["private_mean"]
+    charts = assert_no_blank_chart(page)
+    assert all(charts[name]["points"] for name in CHARTS if name != "c-skipped")
     # the "try it" box shows what /recommend answers
     page.fill("#try-user", "7")
     page.fill("#try-k", "5")
@@ -169,14 +200,35 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     page.close()
 
 
+def client_privacy(base: str) -> dict:
+    return httpx.get(base + "/privacy", timeout=10).json()
+
+
 def test_without_the_operator_token_a_dp_service_shows_only_its_release(served, browser):
-    base, service, _ = served
+    """The public view: the guarantee, the released (noised) figures and which model answers;
+    every exact figure's card is n/a and its chart says it is operator state."""
+    base, service, learner = served
+    if learner.ident is None:   # run alone: learn first (the operator's test does, watching)
+        learner.start()
+    learner.join(timeout=60)
     page = browser.new_page()
     page.goto(base + "/")
     wait_until(page, "window.dashboard.polls >= 2", timeout=10)
-    assert card(page, "eps") != ""                 # the guarantee is public
-    for name in ("learned", "rmse", "kld", "kldc"):  # exact figures are operator state here
+    public = client_privacy(base)
+    assert float(card(page, "eps")) == public["epsilon"] > 0     # the guarantee is public
+    for name in ("learned", "rmse", "kld", "kldc", "mem", "skipped"):  # exact: operator state
         assert card(page, name) == ""
+    # the released figures are the noised ones /privacy gives, and the model that answers
+    assert public["released"]["noisy_ratings"] is not None
+    assert float(card(page, "released")) == public["released"]["private_mean"]
+    assert str(round(public["released"]["noisy_ratings"])) in page.inner_text("#v-released-n").replace(",", "")
+    assert card(page, "answers") == ("baseline" if public["fallback"] else "factors")
+    assert "versus_private_mean" not in public and "versus_private_mean" not in httpx.get(base + "/stats").json()
+    charts = assert_no_blank_chart(page)
+    for name in ("c-rmse", "c-kld", "c-rate", "c-skipped", "c-mem"):
+        assert charts[name]["points"] == 0 and "operator state" in charts[name]["reason"]
+    assert charts["c-eps"]["points"] > 0 and not charts["c-eps"]["reason"]
+    assert "stopped: privacy budget spent" in page.inner_text("#status")
     page.close()
 
 
@@ -192,3 +244,67 @@ def test_missing_privacy_figures_show_as_na(served, browser):
     assert card(page, "kld") != ""                                    # the operator's monitor
     assert int(card(page, "mem")) == service.recommender.model.nbytes   # /stats still drawn
     page.close()
+
+
+def test_replay_serve_shows_its_error_and_that_it_finished(browser, tmp_path):
+    """`replay --serve`, non-private: the replay loop feeds the service's prequential error (the
+    RMSE card and chart), the state says "finished" once the file ended, and the charts with
+    nothing to draw (no epsilon without privacy, nothing set aside) say why."""
+    from sketchrec.cli.config import ReplayConfig
+    from sketchrec.cli.replay import build_parser, execute, prepare
+    from sketchrec.cli.serve import start_server
+    args = build_parser().parse_args(["--synthetic-ratings", "20000", "--synthetic-users", "500",
+                                      "--synthetic-items", "300", "--quiet", "--workers", "1",
+                                      "--serve", "127.0.0.1:0"])
+    config = ReplayConfig.from_args(args, "replay")
+    run = prepare(config)
+    server = start_server(run.service, config.serving)
+    try:
+        result = execute(run)
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        wait_until(page, "window.dashboard.polls >= 3", timeout=15)
+        assert float(card(page, "rmse")) == result["rmse"] == run.service.errors.rmse   # every rating
+        assert int(card(page, "learned")) == result["ratings"] == 20000
+        assert page.inner_text("#status").startswith("finished")
+        charts = assert_no_blank_chart(page)
+        assert charts["c-rmse"]["points"] >= 3 and charts["c-mem"]["points"] >= 3
+        assert "non-private" in charts["c-eps"]["reason"]
+        assert charts["c-skipped"]["reason"] == "no rating set aside so far"
+        assert card(page, "answers") == "" and page.inner_text("#v-answers") == "the learner"
+        page.close()
+    finally:
+        server.stop()
+
+
+def test_a_consumer_waiting_for_its_broker_then_learning(browser):
+    """A service fed as `consume` feeds it: "waiting for the broker" until a poll reaches one,
+    then "learning" with its prequential error drawn; paused over HTTP, "paused"."""
+    service = LearningService(Recommender(SketchMF(dim=8, capacity=1000, seed=0), pair_capacity=50_000,
+                                          seed=0, monitor=PrivacyMonitor(window=500, reservoir=300,
+                                                                          probe_every=200, seed=0)))
+    service.health.watch_broker()
+    service.health.polled(False, "connection refused")
+    server = ServerThread(create_app(service, ADMIN), "127.0.0.1", 0).start()
+    try:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{server.port}/")
+        wait_until(page, "window.dashboard.polls >= 1", timeout=10)
+        assert page.inner_text("#status").startswith("waiting for the broker")
+        assert drawn(page)["c-rmse"]["reason"] == "no rating learned yet"
+        service.health.polled(True)
+        data = SyntheticStream(n_ratings=4000, n_users=200, n_items=150, seed=1).all()
+        for batch in data.batches(500):   # as the consumer: learn, then record the served errors
+            predictions = service.recommender.learn_many(batch.users, batch.items, batch.ratings)
+            service.errors.add(predictions, batch.ratings)
+            polls = page.evaluate("window.dashboard.polls")
+            wait_until(page, f"window.dashboard.polls > {polls}", timeout=10)
+        assert page.inner_text("#status").startswith("learning")
+        assert float(card(page, "rmse")) == service.errors.rmse
+        charts = assert_no_blank_chart(page)
+        assert charts["c-rmse"]["points"] >= 2 and charts["c-kld"]["points"] >= 2
+        httpx.post(f"http://127.0.0.1:{server.port}/pause", headers={"Authorization": f"Bearer {ADMIN}"})
+        wait_until(page, "document.getElementById('status').textContent.startsWith('paused')", timeout=10)
+        page.close()
+    finally:
+        server.stop()
