@@ -12,6 +12,7 @@ import numpy as np
 from river.reco.base import Ranker
 
 from sketchrec.models._adaptive import OPTIMIZERS
+from sketchrec.models.api import ModelAPI
 from sketchrec.models._sgd import (ACC0, BIAS_REG, CLIP_LOSS, COUNT, IMPLICIT_LR, IMPLICIT_REG,
                                    INIT_STD, LEARNED, LR, OPTIMIZER, REG, RMAX, RMIN, SGLD_TAU, SKIPPED_CLIP,
                                    SKIPPED_DIVERGED, TOTAL, seed_numba)
@@ -22,12 +23,13 @@ from sketchrec.sketches.hashing import salt_table
 _INIT_FAMILY_OFFSET = 100  # salts of the start vectors, apart from the addressing families
 
 
-class FactorizationModel(Ranker):
+class FactorizationModel(ModelAPI, Ranker):
     """Biased matrix factorization learned online by SGD (or SGLD), one rating at a time.
 
     Subclasses decide where the parameters live (``SketchMF``: one count sketch; ``DenseMF``:
     growing per-id arrays) by implementing the abstract methods: ``_learn_keys``,
-    ``_predict_keys``, ``factors``, ``nbytes`` and the state arrays of a checkpoint. Their
+    ``_predict_keys``, ``factors``, ``nbytes`` and the state arrays of a checkpoint. ``recommend``,
+    ``similar``, ``save`` and ``load`` come from ``models.api.ModelAPI``. Their
     constructor arguments are read back by name from attributes (``params``).
 
     Parameters common to both: ``dim`` latent dimension d; ``lr`` learning rate eta with schedule
@@ -172,6 +174,7 @@ class FactorizationModel(Ranker):
             raise ValueError("ratings must be finite")
         out = np.empty(r.shape[0], dtype=np.float64)
         self._learn_keys(ukeys, ikeys, r, self.hyper(epoch), out)
+        self.remember_items(items)   # the ids recommend and similar rank by default (models.api)
         return out
 
     def predict_many(self, users, items, clip: bool = True) -> np.ndarray:

@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from sketchrec.models._sgd import DIVERGED, LEARNED, clip_to_range, record_rating
-from sketchrec.models.base import USER, FactorizationModel
+from sketchrec.models.base import ITEM, USER, FactorizationModel
 from sketchrec.models.bias_baseline import BiasBaseline
 from sketchrec.models.sketch_mf import SketchMF
 
@@ -235,6 +235,12 @@ class Experts(FactorizationModel):
         ukey, ikeys = self.id_keys.as_keys(user), self.id_keys.as_keys(items)
         return sum(wj * m.score_items(ukey, ikeys) for wj, m in zip(w, self.members_))
 
+    def item_vectors(self, items) -> np.ndarray:
+        """The factor member's item vectors (``similar`` compares these: the bias member has none)."""
+        keys = self.id_keys.as_keys(items)
+        factor = next(m for m in self.members_ if isinstance(m, SketchMF))
+        return factor.factors(keys, ITEM)[0]
+
     def factors(self, ids, family: int) -> tuple[np.ndarray, np.ndarray]:
         """Members' vectors side by side (a user's scaled by the members' weights, so that the dot
         product with an item's is the weighted sum of the members'), biases weighted."""
@@ -244,3 +250,8 @@ class Experts(FactorizationModel):
         scale = w if family == USER else np.ones_like(w)
         vectors = np.concatenate([s * v for s, (v, _) in zip(scale, parts)], axis=1)
         return vectors, sum(wj * b for wj, (_, b) in zip(w, parts))
+
+
+# the public name of the default learner (``from sketchrec import Mix``); the class keeps the name
+# its checkpoints and saved files record
+Mix = Experts

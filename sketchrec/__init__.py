@@ -18,11 +18,19 @@ from sketchrec import _kernel_cache
 
 _kernel_cache.choose()   # before any kernel module is imported (see its docstring)
 
+# every model kind of models.capabilities, by its class; Mix is the default learner (its class,
+# recorded in checkpoints, is models.mix.Experts)
 from sketchrec.models import DenseMF, SketchMF  # noqa: E402
+from sketchrec.models.bias_baseline import BiasBaseline  # noqa: E402
+from sketchrec.models.mix import Mix  # noqa: E402
+from sketchrec.models.private.fallback import DPSGDFallback  # noqa: E402
+from sketchrec.models.private.joint_als import PrivateALS  # noqa: E402
+from sketchrec.models.river_adapters import RiverBiasedMF  # noqa: E402
 
 try:
     __version__ = version("sketchrec")
 except PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["DenseMF", "SketchMF", "__version__"]
+__all__ = ["BiasBaseline", "DPSGDFallback", "DenseMF", "Mix", "PrivateALS", "RiverBiasedMF", "SketchMF",
+           "__version__"]

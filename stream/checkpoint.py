@@ -38,7 +38,8 @@ from pathlib import Path
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.ledger import LedgerIntegrityError, reconcile, seal
 from sketchrec.privacy.ledger import extends as _extends
-from sketchrec.privacy.keys import id_keys_of, restore_id_key
+# a model's operator parts: saved files (models.api) and checkpoints store the same ones
+from sketchrec.models.api import operator_parts, restore_operator_parts  # noqa: F401
 
 log = logging.getLogger(__name__)
 LEDGER = "privacy_ledger"
@@ -243,16 +244,3 @@ def continue_ledger(directory: str | Path | None, unit: str, delta: float,
         raise ValueError(f"{directory} holds a ledger for unit {stored.unit!r}, delta "
                          f"{stored.delta:g}; this run accounts {unit!r}, {delta:g}: use another directory")
     return stored
-
-
-def operator_parts(model) -> dict[str, bytes]:
-    """Checkpoint parts of a model's operator state outside its exported bytes (cap counts, the
-    secret id key of a privacy mode)."""
-    state = getattr(model, "operator_state", None)
-    return {**({"operator_state": state()} if state else {}), **id_keys_of(model).parts()}
-
-
-def restore_operator_parts(model, parts: dict[str, bytes]) -> None:
-    restore_id_key(model, parts)
-    if "operator_state" in parts and hasattr(model, "load_operator_state"):
-        model.load_operator_state(parts["operator_state"])
