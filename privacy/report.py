@@ -70,5 +70,4 @@ def versus_private_mean(served_rmse: float, mean_rmse: float) -> dict:
     worse = bool(served_rmse > mean_rmse)
     return {"served_rmse": served_rmse, "private_mean_rmse": mean_rmse, "worse": worse,
             "note": (f"served RMSE {served_rmse:.4f} is worse than the private global mean's "
-                     f"{mean_rmse:.4f}: at this privacy budget the model adds nothing over "
-                     "predicting the mean (more data or a larger epsilon would)") if worse else None}
+                     f"{mean_rmse:.4f}: predicting that mean alone would have served better") if worse else None}
