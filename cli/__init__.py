@@ -14,7 +14,8 @@ import signal
 import sys
 from typing import Callable
 
-from sketchrec.cli.replay import replay_main
+from sketchrec.cli.replay import replay_main as _replay_main
+from sketchrec.extras import from_import_error
 
 # name -> (one line of help, module under sketchrec.cli, its main function)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -32,13 +33,37 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _extras_checked(feature: str, run: Callable[[], int], argv: list[str]) -> int:
+    """``run()``, or exit 2 with one line when it needs an extra that is not installed (the
+    extras import their libraries where the feature runs: ``sketchrec.extras``)."""
+    try:
+        return run()
+    except ImportError as exc:
+        missing = from_import_error(feature, exc)
+        if missing is None:
+            raise   # not an extra's library: a broken install, shown whole
+        if missing.feature == feature and missing.extra == "serve" and any(
+                a.split("=")[0] in ("--serve", "--workers") for a in argv):
+            missing = type(missing)(f"{feature} --serve", "serve")
+        print(missing, file=sys.stderr)
+        return 2
+
+
+def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
+    """The `replay` console script (``cli.replay.replay_main``; a missing extra: one line, exit 2)."""
+    argv = sys.argv[1:] if argv is None else argv
+    return _extras_checked(prog, lambda: _replay_main(argv, prog=prog), argv)
+
+
 def command(name: str) -> Callable[[list[str]], int]:
     """The main function of a subcommand (`replay` reports itself as `sketchrec replay`)."""
-    _, module, function = COMMANDS[name]
-    main = getattr(importlib.import_module(f"sketchrec.cli.{module}"), function)
     if name == "replay":
-        return lambda argv: main(argv, prog="sketchrec replay")
-    return main
+        return lambda argv: replay_main(argv, prog="sketchrec replay")
+    _, module, function = COMMANDS[name]
+
+    def main(argv: list[str]) -> int:
+        return getattr(importlib.import_module(f"sketchrec.cli.{module}"), function)(argv)
+    return lambda argv: _extras_checked(f"sketchrec {name}", lambda: main(argv), argv)
 
 
 def sketchrec_main(argv: list[str] | None = None) -> int:

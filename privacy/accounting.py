@@ -22,15 +22,23 @@ import math
 import secrets
 from dataclasses import asdict, dataclass
 
-import dp_accounting
-from absl import logging as absl_logging
-from dp_accounting import pld, rdp
-
-# dp-accounting logs a warning for every RDP order whose series does not converge (it then
-# leaves that order out, which keeps the bound valid): noise on a command line, not news
-absl_logging.set_verbosity(absl_logging.ERROR)
+from sketchrec.extras import MissingExtra
 
 ACCOUNTANTS = ("rdp", "pld")
+
+
+def _dp():
+    """``dp_accounting`` (the dp extra), imported when an epsilon is first composed: a run that
+    accounts nothing (non-private) needs neither it nor its dependencies."""
+    try:
+        import dp_accounting
+        from absl import logging as absl_logging
+    except ImportError as exc:
+        raise MissingExtra("DP accounting", "dp") from exc
+    # dp-accounting logs a warning for every RDP order whose series does not converge (it then
+    # leaves that order out, which keeps the bound valid): noise on a command line, not news
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    return dp_accounting
 RELATIONS = ("add/remove", "replace-one")
 
 
@@ -51,6 +59,7 @@ class GaussianSteps:
             raise ValueError("need noise_multiplier > 0, 0 < sampling_rate <= 1, count >= 0")
 
     def event(self) -> dp_accounting.DpEvent:
+        dp_accounting = _dp()
         single = (dp_accounting.LaplaceDpEvent(self.noise_multiplier) if self.mechanism == "laplace"
                   else dp_accounting.GaussianDpEvent(self.noise_multiplier))
         if self.sampling_rate < 1.0:
@@ -60,10 +69,10 @@ class GaussianSteps:
 
 def _accountant(kind: str) -> dp_accounting.PrivacyAccountant:
     if kind == "rdp":
-        return rdp.RdpAccountant()
+        return _dp().rdp.RdpAccountant()
     if kind == "pld":
         # 1e-4 discretisation keeps epsilon within ~1e-3 of the exact curve for our mechanisms
-        return pld.PLDAccountant(value_discretization_interval=1e-4)
+        return _dp().pld.PLDAccountant(value_discretization_interval=1e-4)
     raise ValueError(f"accountant must be one of {ACCOUNTANTS}")
 
 
@@ -73,7 +82,7 @@ def epsilon_of(steps: list[GaussianSteps], delta: float, accountant: str = "rdp"
     if not steps:
         return 0.0
     acc = _accountant(accountant)
-    acc.compose(dp_accounting.ComposedDpEvent([s.event() for s in steps]))
+    acc.compose(_dp().ComposedDpEvent([s.event() for s in steps]))
     return float(acc.get_epsilon(delta))
 
 
@@ -209,6 +218,7 @@ def calibrate_noise(target_epsilon: float, delta: float, sampling_rate: float = 
     at most ``target_epsilon`` at ``delta`` (dp-accounting's calibrate_dp_mechanism)."""
     if not target_epsilon > 0 or math.isinf(target_epsilon):
         raise ValueError("target_epsilon must be positive and finite")
+    dp_accounting = _dp()
     return float(dp_accounting.calibrate_dp_mechanism(
         lambda: _accountant(accountant),
         lambda z: GaussianSteps(z, sampling_rate, count).event(),
