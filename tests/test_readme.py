@@ -43,10 +43,15 @@ def test_the_readme_is_a_front_page_not_a_manual():
 
 
 def test_readme_setup_is_two_commands_and_the_second_is_what_ci_runs():
+    # the first installs the core only (what `replay` needs), the second the test extra; each
+    # runs pasted into a fresh shell (the second activates the environment the first made)
     blocks = _fenced(_section(README.read_text(), "## Set up and run"), "bash")
     assert len(blocks) == 2 and all("\n" not in b for b in blocks)
-    assert ". .venv/bin/activate" in blocks[0] and blocks[0].endswith("&& replay")
-    assert blocks[1] == "python -m pytest -q" and blocks[1] in (REPO / ".ci" / "run").read_text()
+    assert ". .venv/bin/activate" in blocks[0] and blocks[0].endswith("&& pip install -e . && replay")
+    assert blocks[1].startswith(". .venv/bin/activate && ") and "pip install -e '.[test]'" in blocks[1]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert blocks[1].endswith("&& python -m pytest -q") and "python -m pytest -q" in ci
+    assert "pip install --quiet -e '.[test]'" in ci
 
 
 def test_readme_python_quickstart_runs():
