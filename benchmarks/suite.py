@@ -202,19 +202,20 @@ RESULTS_BEGIN = "<!-- sketchrec bench: begin -->"
 RESULTS_END = "<!-- sketchrec bench: end -->"
 
 
-def results_block(page_text: str) -> tuple[int, int]:
+def results_block(page_text: str, begin: str = RESULTS_BEGIN, end: str = RESULTS_END) -> tuple[int, int]:
     """Where the generated block's content starts and ends in ``page_text``; ValueError, saying
-    what is wrong, unless the page holds the two markers once each and in order."""
-    if page_text.count(RESULTS_BEGIN) != 1 or page_text.count(RESULTS_END) != 1:
-        raise ValueError(f"needs the lines {RESULTS_BEGIN} and {RESULTS_END} once each "
+    what is wrong, unless the page holds the two markers once each and in order (another
+    benchmark's block has markers of its own: ``begin``, ``end``)."""
+    if page_text.count(begin) != 1 or page_text.count(end) != 1:
+        raise ValueError(f"needs the lines {begin} and {end} once each "
                          "(the block the benchmark rewrites)")
-    start, end = page_text.index(RESULTS_BEGIN) + len(RESULTS_BEGIN), page_text.index(RESULTS_END)
-    if end < start:
-        raise ValueError(f"{RESULTS_END} comes before {RESULTS_BEGIN}")
-    return start, end
+    start, stop = page_text.index(begin) + len(begin), page_text.index(end)
+    if stop < start:
+        raise ValueError(f"{end} comes before {begin}")
+    return start, stop
 
 
-def write_results(page: Path, report_md: str) -> None:
+def write_results(page: Path, report_md: str, begin: str = RESULTS_BEGIN, end: str = RESULTS_END) -> None:
     """Put ``report_md`` (``bench.md``) between the markers of ``page``, one heading level down and
     without its title; the rest of the page is kept byte for byte. Written to a temporary file and
     renamed, so an interrupted run leaves the old page.
@@ -234,13 +235,13 @@ def write_results(page: Path, report_md: str) -> None:
     <BLANKLINE>
     """
     text = page.read_text()
-    start, end = results_block(text)
+    start, stop = results_block(text, begin, end)
     lines = [("#" + line) if line.startswith("#") else line for line in report_md.strip().splitlines()]
     if lines and lines[0].startswith("## "):
         lines = lines[1:]          # the report's own title: the page has its heading
     block = "\n".join(lines).strip()
     tmp = page.with_name(page.name + ".tmp")
-    tmp.write_text(text[:start] + "\n" + block + "\n" + text[end:])
+    tmp.write_text(text[:start] + "\n" + block + "\n" + text[stop:])
     tmp.replace(page)
 
 

@@ -1,5 +1,6 @@
 """`sketchrec bench`: the benchmark suite (``sketchrec.benchmarks.suite``), loaded when run;
-`sketchrec bench serving`: the tail while learning (``sketchrec.benchmarks.serving``)."""
+`sketchrec bench serving`: the tail while learning (``sketchrec.benchmarks.serving``);
+`sketchrec bench big-file`: a large file's parse and replay figures (``sketchrec.benchmarks.big_file``)."""
 
 from __future__ import annotations
 
@@ -8,5 +9,8 @@ def bench_main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serving":
         from sketchrec.benchmarks.serving import main as serving_main
         return serving_main(argv[1:])
+    if argv and argv[0] == "big-file":
+        from sketchrec.benchmarks.big_file import main as big_file_main
+        return big_file_main(["bench", *argv[1:]])
     from sketchrec.benchmarks.suite import main
     return main(argv)
