@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Callable
 
 from sketchrec.models.capabilities import DEFAULT_KIND, KINDS, PRIVATE_KIND, Ask, refusals
 from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS
-from sketchrec.cli.options import ACCESS, Refused, parse_host_port, refuse
+from sketchrec.cli.options import ACCESS, Refused, parse_host_port, refuse, refuse_inapplicable
 from sketchrec.privacy.mode import PrivacyMode
 
 
@@ -277,11 +278,41 @@ class EvaluationSettings:
                                           ("--topn", args.topn)) if value is not None]
         if asked and args.holdout is not None:
             refuse(prog, [f"{asked[0]} belongs to the prequential protocol; leave out --holdout"])
+        refuse_inapplicable(prog, args, replay_rules(args))
+        if settings.plot is not None:
+            writable_file(prog, "--plot", settings.plot)
         given = [flag for flag, value in (("--change-point", args.change_point),
                                           ("--synthetic-taste", args.synthetic_taste)) if value is not None]
         if given and args.path:
             refuse(prog, [f"{given[0]} is a property of the synthetic stream; leave out PATH"])
         return settings
+
+
+def writable_file(prog: str, option: str, path: Path) -> None:
+    """Before any learning: ``path``'s directory exists (made if missing) and takes a file there,
+    else one line (a result is never lost to a bad output path at the end)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        refuse(prog, [f"{option} {path}: cannot make its directory ({exc.strerror or exc})"])
+    if path.is_dir() or not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+        refuse(prog, [f"{option} {path}: " + ("a directory, not a file" if path.is_dir()
+                                               else "not writable") + "; give a writable file path"])
+
+
+def replay_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
+    """replay's options that apply to one protocol or one source only (``refuse_inapplicable``)."""
+    holdout, synthetic = args.holdout is not None, not args.path
+    monitor = "belongs to the streaming monitor of the prequential protocol (a holdout run reports its train/test KLD)"
+    return [("--speed", holdout, "paces the prequential stream; the holdout protocol trains epochs: leave out one"),
+            ("--order", holdout, "orders the prequential stream; the holdout protocol draws a seeded split and "
+             "shuffles every epoch: leave out one"),
+            *((flag, holdout, monitor) for flag in ("--kld-window", "--kld-alert")),
+            *((flag, not synthetic, "is a property of the synthetic stream; leave out PATH")
+              for flag in ("--synthetic-ratings", "--synthetic-users", "--synthetic-items", "--synthetic-noise")),
+            *((flag, synthetic, "describes a ratings file; give PATH") for flag in ("--columns", "--sep")),
+            *((flag, args.ldp_epsilon is None, "describes the mechanism of --ldp-epsilon; give it too")
+              for flag in ("--ldp-range", "--ldp-debias"))]
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,10 @@ def experiment_main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: unknown experiment {args.name!r}; see --list", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+    print(f"{args.name}: running{' (--quick: a reduced grid)' if args.quick else ''}; "
+          f"results go to {args.out}/", file=sys.stderr, flush=True)
+    done = threading.Event()
+    threading.Thread(target=_heartbeat, args=(args.name, t0, done), daemon=True).start()
     try:
         from sketchrec.cli.fetch import resolve_data
         data = resolve_data(args.data, PROG)
@@ -38,5 +43,13 @@ def experiment_main(argv: list[str] | None = None) -> int:
     except MissingData as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        done.set()
     print(f"{args.name}: wrote {args.out} in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _heartbeat(name: str, t0: float, done: threading.Event, every: float = 30.0) -> None:
+    """A line every ``every`` seconds while an experiment runs: none is silent for minutes."""
+    while not done.wait(every):
+        print(f"{name}: still running, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)

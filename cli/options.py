@@ -38,17 +38,52 @@ def refuse(prog: str, lines: list[str]) -> NoReturn:
     raise Refused(line)
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """--help names the default of every option whose help does not already say what runs."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or not action.option_strings
+                or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS):
+            return text
+        return f"{text} (default %(default)s)"
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, ``PROG: ...`` (no usage block), exit 2, as
-    every other refusal of the commands (``refuse``)."""
+    every other refusal of the commands (``refuse``), and whose --help shows the defaults."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsShown)
         super().__init__(*args, **kwargs)
         # a negative number or range ("-10,10", "-2.5e1") is an option's value, not an option
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?(,\S*)?$")
 
     def error(self, message: str):
         refuse(self.prog, [f"{message} (see --help)"])
+
+    def _get_values(self, action, arg_strings):
+        # called for the options the command line gave (never for a default): the options that
+        # do not apply to a run are refused, not ignored (``refuse_inapplicable``)
+        self.__dict__.setdefault("given", set()).add(action.dest)
+        return super()._get_values(action, arg_strings)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = set()
+        parsed, extras = super().parse_known_args(args, namespace)
+        parsed.given = frozenset(self.given)
+        return parsed, extras
+
+
+def refuse_inapplicable(prog: str, args: argparse.Namespace,
+                        rules: list[tuple[str, bool, str]]) -> None:
+    """Refuse the first option the command line gave (``Parser``'s ``args.given``) where its rule
+    holds: (option, does not apply, why and what works instead)."""
+    given = getattr(args, "given", frozenset())
+    for option, inapplicable, why in rules:
+        if inapplicable and option.lstrip("-").replace("-", "_") in given:
+            refuse(prog, [f"{option} {why}"])
 
 
 def _number(kind: type, test: Callable[[float], bool], domain: str) -> Callable[[str], float]:

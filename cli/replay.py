@@ -42,7 +42,8 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
                     "ml-1m/10m ratings.dat (auto-detected, plain or .gz), or a data-set name "
                     "(ml-100k, ml-1m, ml-10m, ml-20m, ml-25m, ml-latest-small: fetched and cached on "
                     "first use, see `sketchrec fetch`); omitted: the synthetic stream")
-    ap.add_argument("--order", choices=("time", "file", "shuffle"), default="time")
+    ap.add_argument("--order", choices=("time", "file", "shuffle"), default="time",
+                    help="prequential: by timestamp, as in the file, or shuffled (seeded)")
     ap.add_argument("--rating-range", type=rating_range, metavar="L,U|none",
                     help="ratings outside [L, U] are set aside by reason (default: the format's "
                     "declared scale, 1,5 for u.data and ratings.dat, 0.5,5 for MovieLens "
@@ -54,10 +55,10 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
                     help="stdout: one JSON object of results, nothing else (the summary goes to stderr)")
     ap.add_argument("--holdout", type=unit_fraction, metavar="F", help="holdout protocol: test fraction F")
     ap.add_argument("--epochs", type=positive_int, default=20, help="epochs of the holdout protocol")
-    ap.add_argument("--seed", type=nonnegative_int, default=0)
+    ap.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the model, split and shuffles")
     add_model_kind_arg(ap, ("mix", "sketch", "dense", "river", "bias"))
     add_model_args(ap)
-    ap.add_argument("--batch-size", type=positive_int, default=10_000)
+    ap.add_argument("--batch-size", type=positive_int, default=10_000, help="ratings learned per batch")
     ap.add_argument("--capacity", type=positive_int, metavar="N",
                     help="distinct users + items the sketch is sized for (default: counted from the "
                     "data; in the DP modes a public default, never the data's count)")
@@ -71,9 +72,12 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
                     "(default: the file format's scale, e.g. 1,5 for u.data, 0.5,5 for ratings.csv)")
     ap.add_argument("--ldp-debias", action="store_true",
                     help="map predictions back through the mechanism's mean (undo its centre bias)")
-    ap.add_argument("--synthetic-ratings", type=positive_int, default=SYNTHETIC["ratings"])
-    ap.add_argument("--synthetic-users", type=positive_int, default=SYNTHETIC["users"])
-    ap.add_argument("--synthetic-items", type=positive_int, default=SYNTHETIC["items"])
+    ap.add_argument("--synthetic-ratings", type=positive_int, default=SYNTHETIC["ratings"],
+                    help="synthetic stream: its length")
+    ap.add_argument("--synthetic-users", type=positive_int, default=SYNTHETIC["users"],
+                    help="synthetic stream: distinct users")
+    ap.add_argument("--synthetic-items", type=positive_int, default=SYNTHETIC["items"],
+                    help="synthetic stream: distinct items")
     add_evaluation_args(ap)
     add_serving_args(ap)
     return ap
@@ -110,8 +114,12 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
     if config.evaluation.plot and "curve" in result:
         from sketchrec.replay.curve import plot_curves
         label = f"{result['model']} ({os.path.basename(result['source'])})"
-        plot_curves({label: result["curve"]}, config.evaluation.plot,
-                    change_at=(result.get("synthetic") or {}).get("change_at"))
+        try:
+            plot_curves({label: result["curve"]}, config.evaluation.plot,
+                        change_at=(result.get("synthetic") or {}).get("change_at"))
+        except OSError as exc:   # the result is still reported below
+            print(f"{prog}: --plot {config.evaluation.plot}: not written ({exc.strerror or exc})",
+                  file=sys.stderr)
     # with --json stdout carries the JSON object only, so `replay ... --json | jq` works
     print(summary(result), file=sys.stderr if config.json else sys.stdout, flush=True)
     if config.json:

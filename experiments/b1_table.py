@@ -17,7 +17,7 @@ import numpy as np
 from sketchrec.data import read_ratings
 from sketchrec.models import DenseMF, SketchMF
 from sketchrec.paths import ml100k
-from sketchrec.experiments.common import mean_correct
+from sketchrec.experiments.common import Steps, mean_correct
 from sketchrec.replay.protocols import rmse_on, train_epochs
 
 NAME = "b1-table"
@@ -44,6 +44,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
     capacity = ratings.n_ids()
     per_fold: dict[str, list] = {m: [] for m in MODELS}
     chosen: dict[str, list] = {m: [] for m in MODELS}
+    steps = Steps(NAME, folds * len(MODELS) * len(grid))
     for fold in range(folds):
         perm = np.random.default_rng(fold).permutation(len(ratings))
         n_train, n_val = int(0.8 * len(ratings)), int(0.1 * len(ratings))
@@ -56,6 +57,7 @@ def run(data: Path | None, out: Path, quick: bool) -> dict:
                 model = _make(name, capacity, lr, reg, fold)
                 train_epochs(model, train, epochs, seed=fold)
                 scored.append((rmse_on(model, val), lr, reg, rmse_on(model, test)))
+                steps(f"fold {fold + 1}, {name}, lr {lr:g}, reg {reg:g}")
             best = min(scored)
             per_fold[name].append(best[3])
             chosen[name].append({"lr": best[1], "reg": best[2], "validation_rmse": best[0]})

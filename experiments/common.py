@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,24 @@ from sketchrec.replay.protocols import rmse_on, train_epochs
 
 SUBSTITUTION = ("ML-100k stands in for the thesis's ML-1M/10M, EachMovie and Netflix, which are not "
                 "available here.")
+
+
+class Steps:
+    """An experiment's progress on stderr, one line per fit: a grid of fits runs for minutes.
+
+    >>> steps = Steps("demo", 2, stream=sys.stdout)
+    >>> steps("fold 1")   # doctest: +ELLIPSIS
+    demo: fit 1/2 (fold 1), ... s
+    """
+
+    def __init__(self, name: str, total: int, stream=None):
+        self.name, self.total, self.done, self.t0 = name, total, 0, time.perf_counter()
+        self.stream = stream
+
+    def __call__(self, what: str) -> None:
+        self.done += 1
+        print(f"{self.name}: fit {self.done}/{self.total} ({what}), "
+              f"{time.perf_counter() - self.t0:.0f} s", file=self.stream or sys.stderr, flush=True)
 
 
 def load(data: Path | None) -> Ratings:

@@ -162,8 +162,10 @@ def ids(column: pa.Array) -> tuple[np.ndarray | pa.Array, list]:
     if pa.types.is_integer(column.type):
         return column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), []
     text, problems = _as_text(column)
-    try:   # the common case: decimal ids, converted without Python objects
+    try:   # the common case: decimal ids, converted without Python objects; a failing cast costs
+        # as much as a whole one, so text ids (a UUID) are recognised by the block's first rows
         if not pc.any(pc.starts_with(text, "+")).as_py():
+            pc.cast(text.slice(0, 64), pa.int64())
             return pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False), problems
     except pa.ArrowInvalid:
         pass
@@ -180,13 +182,17 @@ def settle_ids(values: np.ndarray | pa.Array, good: np.ndarray | None) -> np.nda
     if isinstance(values, np.ndarray):
         return values if good is None else values[good]
     text = values if good is None else values.filter(pa.array(good))
-    digits = pc.match_substring_regex(text, r"^[0-9]{1,18}$").to_numpy(zero_copy_only=False)
+    # one Python str per distinct id, shared by its rows (not one per row): the rows hold
+    # pointers, and hashing (sketches.hashing.keys_of) finds a repeated id by identity
+    encoded = pc.dictionary_encode(text, null_encoding="encode")
+    pattern = pc.match_substring_regex(encoded.dictionary, r"^[0-9]{1,18}$")
+    digits = pc.fill_null(pattern, False).to_numpy(zero_copy_only=False)
     if digits.all():
         return pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
-    out = text.to_numpy(zero_copy_only=False)
+    names = encoded.dictionary.to_numpy(zero_copy_only=False)
     if digits.any():
-        out[digits] = [str(int(v)) for v in out[digits]]
-    return out
+        names[digits] = [str(int(v)) for v in names[digits]]
+    return names[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 def numbers(column: pa.Array) -> tuple[np.ndarray, list]:

@@ -23,8 +23,8 @@ from sketchrec.cli.options import Refused
 from sketchrec.models.capabilities import AXES, KINDS, Ask, cell, kind_of, refusals
 from sketchrec.privacy.mode import PrivacyMode
 
-SYNTH = ["--synthetic-ratings", "600", "--synthetic-users", "40", "--synthetic-items", "30",
-         "--seed", "1", "--capacity", "200", "--batch-size", "200", "--epochs", "2", "--quiet", "--json",
+SYNTHETIC = ["--synthetic-ratings", "600", "--synthetic-users", "40", "--synthetic-items", "30"]
+SYNTH = [*SYNTHETIC, "--seed", "1", "--capacity", "200", "--batch-size", "200", "--epochs", "2", "--quiet", "--json",
          "--no-monitor"]
 KIND_ARGS = {"mix": ["--model", "mix"], "sketch": ["--model", "sketch"], "dense": ["--model", "dense"],
              "river": ["--model", "river"], "bias": ["--model", "bias"],
@@ -76,7 +76,8 @@ def ask(kind: str, axis: str, value: str, tmp: Path) -> tuple[str, list[str]]:
         return "consume", ["--bootstrap", "127.0.0.1:1", "--topic", "t", "--capacity", "200",
                            "--no-monitor", *where, *stream]
     path = [str(small_file(tmp))] if axis == "input" and value == "file" else []
-    return "replay", _dedupe([*path, *SYNTH, *base, *extra])
+    common = SYNTH[len(SYNTHETIC):] if path else SYNTH   # a file refuses the synthetic stream's options
+    return "replay", _dedupe([*path, *common, *base, *extra])
 
 
 def small_file(tmp: Path) -> Path:

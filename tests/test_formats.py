@@ -118,6 +118,19 @@ def test_decimal_ids_are_ints_and_keep_their_keys(tmp_path):
     assert keys_of(ratings.users).tolist() == keys_of(np.array(["12", "13"], dtype=object)).tolist()
 
 
+def test_text_ids_after_many_numbers_are_text_and_each_distinct_id_is_one_object(tmp_path):
+    # a block's first rows decide nothing: a text id on row 200 makes the column text
+    rows = [(str(u % 50), 7, 4, u) for u in range(1, 200)] + [("user-x", 7, 4, 999), ("user-x", 8, 3, 1000)]
+    path = write(tmp_path / "r.csv", "user,item,rating,timestamp", rows=rows)
+    ratings, report = read_ratings(path)
+    assert report.n_skipped == 0 and ratings.users.dtype == object
+    assert ratings.users.tolist() == [str(u % 50) for u in range(1, 200)] + ["user-x", "user-x"]
+    # memory: the rows of one id point to one str, not one copy per row
+    text_rows = ratings.users[-2:]
+    assert text_rows[0] is text_rows[1]
+    assert len({id(x) for x in ratings.users.tolist()}) == len(set(ratings.users.tolist()))
+
+
 def test_a_file_without_timestamps_replays_in_file_order(tmp_path, capsys):
     from sketchrec.cli import replay_main
     path = tmp_path / "r.csv"
