@@ -84,10 +84,22 @@ class BiasBaseline(FactorizationModel):
     """mu + damped running user and item biases (module docstring), as a learner of the product:
     the batch and river interfaces, ``factors`` (vectors of one zero component), checkpoints.
 
-    ``user_damping``/``item_damping``: pseudo-ratings of residual 0 each bias starts with;
-    ``horizon``: the largest count a bias is averaged over (its forgetting); ``width``/``depth``:
-    the sketches' shape (``capacity``, the expected distinct users + items, sizes the width when
-    given: one cell per id per row)."""
+    Parameters
+    ----------
+    user_damping, item_damping : pseudo-ratings of residual 0 each bias starts with.
+    horizon : the largest count a bias is averaged over (its forgetting).
+    width, depth : the sketches' shape (``capacity``, the expected distinct users + items, sizes
+        the width when given: one cell per id per row).
+    seed : fixes hashing.
+
+    Examples
+    --------
+    >>> from sketchrec import BiasBaseline
+    >>> model = BiasBaseline(capacity=100)
+    >>> _ = model.learn_many(["ann", "bob", "cy"], ["up", "up", "heat"], [5.0, 5.0, 1.0])
+    >>> [item for item, _ in model.recommend("dee", k=2)]   # no vectors: the items' biases rank
+    ['up', 'heat']
+    """
 
     def __init__(self, user_damping: float = 3.0, item_damping: float = 5.0,
                  horizon: float = 25.0, width: int | None = None, depth: int = 4,

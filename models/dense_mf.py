@@ -43,6 +43,19 @@ class DenseMF(FactorizationModel):
 
     Memory grows with the number of distinct ids; with no collisions the sketch learner computes
     exactly what this one does (same start vectors, same SGD order).
+
+    Parameters
+    ----------
+    dim, lr, reg, bias_reg, init_std, lr_schedule_T, sgld_temperature, clip_loss, seed : as
+        ``SketchMF``'s (``models.base.FactorizationModel``).
+
+    Examples
+    --------
+    >>> from sketchrec import DenseMF
+    >>> model = DenseMF(dim=8, seed=0)
+    >>> _ = model.learn_many(["ann", "bob"], ["up", "heat"], [5.0, 2.0])
+    >>> 0.5 <= model.predict_one("ann", "up") <= 5.0
+    True
     """
 
     def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.085,

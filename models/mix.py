@@ -106,9 +106,27 @@ def validation_slice(ukeys: np.ndarray, ikeys: np.ndarray) -> np.ndarray:
 
 
 class Experts(FactorizationModel):
-    """Members (``members``: specs ``{"model": class name, **constructor arguments}``, default
-    ``DEFAULT_MEMBERS``) combined by Hedge (``eta``: the weights' sharpness per unit of discounted
-    squared error; ``forget``: the per-rating discount). ``weights`` are the current ones."""
+    """The default learner (public name ``sketchrec.Mix``): members combined by Hedge, weighted
+    by their recent prequential error (module docstring). ``weights`` are the current ones.
+
+    Parameters
+    ----------
+    members : specs ``{"model": class name, **constructor arguments}`` (default ``DEFAULT_MEMBERS``:
+        the bias baseline and an AdaGrad sketch model, no per-data-set tuning).
+    capacity : distinct users + items expected; sizes every member's sketch (None: their default).
+    space_gain : memory per id against a dense model, handed to every member that takes it.
+    eta : the weights' sharpness per unit of discounted squared error.
+    forget : the per-rating discount of the members' losses (about 1 / (1 - forget) ratings count).
+    seed : fixes hashing and start vectors.
+
+    Examples
+    --------
+    >>> from sketchrec import Mix
+    >>> model = Mix(capacity=100, seed=0)
+    >>> _ = model.learn_many(["ann", "bob", "ann"], ["up", "up", "heat"], [5.0, 4.0, 2.0])
+    >>> [item for item, _ in model.recommend("bob", k=2)]
+    ['up', 'heat']
+    """
 
     def __init__(self, members: list[dict] | None = None, capacity: int | None = None,
                  space_gain: float = 1.0, eta: float = 0.1, forget: float = 0.998, seed: int = 0):

@@ -11,6 +11,19 @@ class RiverBiasedMF:
     """river's ``reco.BiasedMF`` with ``learn_many``/``predict_many``, same hyper-parameters as ours.
 
     Predictions are clipped to the rating range seen, as ours are, so errors compare fairly.
+
+    Parameters
+    ----------
+    dim, lr, reg, init_std, lr_schedule_T, seed : as ``SketchMF``'s (translated to river's terms).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sketchrec import RiverBiasedMF
+    >>> model = RiverBiasedMF(dim=4, seed=0)
+    >>> _ = model.learn_many(np.array([1, 2]), np.array([7, 8]), np.array([5.0, 2.0]))
+    >>> bool(2.0 <= model.predict_many(np.array([1]), np.array([7]))[0] <= 5.0)
+    True
     """
 
     def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.085, init_std: float = 0.05,

@@ -57,6 +57,27 @@ class SketchMF(FactorizationModel):
     ``store`` (a ``models.storage.FactorStore``) holds every learned parameter as the compiled
     kernels take it: the two sketches' cells, their salts, the start vectors' salts and the
     filter's slots.
+
+    Parameters
+    ----------
+    dim : latent dimension d.
+    depth, width, capacity, space_gain : the sketch's shape (above); give ``capacity`` or ``width``.
+    lr, reg, bias_reg, init_std, lr_schedule_T : SGD's step, L2 weights, start vectors' std and the
+        step's decay over epochs (``models.base.FactorizationModel``).
+    sgld_temperature, clip_loss, dp : the privacy modes (SGLD, loss clipping, DP-SGD; above).
+    heavy_fraction, heavy_slots, light_dim : the exact slots of the heaviest ids (above).
+    optimizer, acc0 : "sgd", "adagrad" (per cell) or "adagrad-id" (one sum per id); AdaGrad's start.
+    implicit, implicit_lr, implicit_reg : SVD++'s implicit term (above).
+    seed : fixes hashing, start vectors and SGLD noise.
+
+    Examples
+    --------
+    >>> from sketchrec import SketchMF
+    >>> model = SketchMF(dim=8, capacity=100, seed=0)
+    >>> size = model.nbytes
+    >>> _ = model.learn_many(["ann", "bob", "ann"], ["up", "up", "heat"], [5.0, 4.0, 2.0])
+    >>> model.nbytes == size, [item for item, _ in model.recommend("bob", k=2)]
+    (True, ['up', 'heat'])
     """
 
     def __init__(self, dim: int = 64, depth: int = 4, width: int | None = None,

@@ -90,3 +90,12 @@ def test_a_private_model_keeps_no_item_record_and_its_key_survives_save(tmp_path
     assert len(model.recommend(1, k=2, items=["a", "b", "c"])) == 2
     back = sketchrec.SketchMF.load(model.save(tmp_path / "dp.skr"))
     assert back.id_keys.keyed and back.predict_one(1, "a") == model.predict_one(1, "a")
+
+
+def test_help_of_every_public_class_shows_parameters_and_examples():
+    import pydoc
+    for name in sketchrec.__all__:
+        if name == "__version__":
+            continue
+        text = pydoc.render_doc(getattr(sketchrec, name), renderer=pydoc.plaintext)
+        assert "Parameters" in text and "Examples" in text and ">>>" in text, name

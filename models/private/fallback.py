@@ -105,7 +105,21 @@ def buckets(items, width: int) -> np.ndarray:
 
 
 class DPSGDFallback:
-    """A DP-SGD model with the private baseline and the DP choice between them (module docstring)."""
+    """A DP-SGD model with the private baseline and the DP choice between them (module docstring).
+
+    Parameters
+    ----------
+    model : a ``SketchMF`` built with ``dp=`` (DP-SGD).
+    width : item buckets of the private baseline (a public size, e.g. the run's capacity).
+    window : ratings per choice between the model and the baseline.
+
+    Examples
+    --------
+    >>> from sketchrec import DPSGDFallback, SketchMF
+    >>> model = DPSGDFallback(SketchMF(dim=4, capacity=100, dp={"noise_multiplier": 1.0}), width=100)
+    >>> model.dp.noise_multiplier
+    1.0
+    """
 
     def __init__(self, model, width: int, window: int = WINDOW):
         self.__dict__["model"] = model   # set first: attribute reads fall through to it

@@ -86,7 +86,24 @@ def item_statistics(n_items: int, users: np.ndarray, items: np.ndarray, y: np.nd
 
 
 class PrivateALS:
-    """Joint-DP ALS over a public item ``catalogue``; ``fit`` then ``predict_many``."""
+    """Joint-DP ALS over a public item ``catalogue``; ``fit`` then ``predict_many`` (module docstring).
+
+    Parameters
+    ----------
+    config : a ``JointDPConfig`` (epsilon, delta, the privacy unit, rank, caps and ridges).
+    catalogue : the public item ids (never learned from the data).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sketchrec import PrivateALS
+    >>> from sketchrec.models.private.joint_als import JointDPConfig
+    >>> model = PrivateALS(JointDPConfig(epsilon=8.0, debug_noise_seed=0), catalogue=np.arange(3))
+    >>> preds = model.fit(np.array([0, 0, 1]), np.array([0, 1, 2]), np.array([5.0, 3.0, 4.0])).predict_many(
+    ...     np.array([0]), np.array([2]))
+    >>> bool(1.0 <= preds[0] <= 5.0)
+    True
+    """
 
     joint_dp = True   # its answers about U may go only to U or the backend (``privacy.release``)
 
