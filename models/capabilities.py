@@ -205,9 +205,6 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
              ("input", "fleet"): no("privacy modes (--dp-*, --ldp-debias) do not run as a fleet "
                                     "yet: one ledger needs one learner",
                                     "run one `consume --checkpoint DIR` process"),
-             ("serving", "workers"): no("a DP-SGD model is served from one process: its private "
-                                        "fallback keeps state beside the arrays that reader "
-                                        "processes cannot share", "serve it with --workers 1"),
              ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
              ("serving", "joint-read-only"): na("only the joint-DP model is served read-only after its fit"),
              ("feature", "topn"): no("--topn cuts the stream's batches at its events, which would "
@@ -221,7 +218,6 @@ _NO_FLEET = no("privacy modes (--dp-*, --ldp-debias) do not run as a fleet yet: 
                "one learner", "run one `consume --checkpoint DIR` process")
 MODE_LIMITS: dict[PrivacyMode, dict[tuple[str, str], Cell]] = {
     **{PrivacyMode(m): {("input", "fleet"): _NO_FLEET,
-                        ("serving", "workers"): KINDS["dp-fallback"].cells[("serving", "workers")],
                         ("feature", "topn"): KINDS["dp-fallback"].cells[("feature", "topn")]}
        for m in _DP},
     PrivacyMode.LDP: {("input", "fleet"): _NO_FLEET,

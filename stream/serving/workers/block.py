@@ -1,6 +1,7 @@
 """The live model in shared memory: the learner writes it in place, reader processes map the pages.
 
-A ``SketchMF`` (or the default ``mix`` of such learners: ``shared_models``) and the serving
+A ``SketchMF`` (or the default ``mix`` of such learners, or a DP-SGD one with its private fallback:
+``binding``) and the serving
 filters are fixed-size arrays, so they can live in ONE ``multiprocessing.shared_memory`` segment
 (``SharedBlock``): the learner's arrays are rebound to views of it (its numba kernels then write
 there), and every reader process builds a model and two Bloom filters over views of the same
@@ -56,7 +57,8 @@ import numpy as np
 from sketchrec.models.registry import MODELS
 from sketchrec.privacy.keys import ID_KEY_PART, id_keys_of, restore_id_key
 from sketchrec.sketches import BloomFilter
-from sketchrec.stream.serving.workers.binding import bind_model, model_arrays, shareable_model
+from sketchrec.stream.serving.workers.binding import (RELEASED, bind_model, header_of, model_arrays,
+                                                      reader_model, shareable_model)
 
 PREFIX = "sketchrec-"   # segment names: /dev/shm/sketchrec-<pid>-<n> on Linux
 PUBLISH_S = 0.05        # the learner publishes catalogue, popular list and figures this often
@@ -105,7 +107,7 @@ class SharedBlock:
             offset = -(-offset // _ALIGN) * _ALIGN
             specs[name] = [offset, a.dtype.str, list(a.shape)]
             offset += a.nbytes
-        header = {"model_class": type(model).__name__, "params": model.params(), "arrays": specs,
+        header = {**header_of(model), "arrays": specs,
                   "learner_pid": os.getpid(),
                   "pairs_seen": recommender.pairs_seen.params(),
                   "users_seen": recommender.users_seen.params(), **(extra or {}),
@@ -151,9 +153,10 @@ class SharedBlock:
         model = cls(**cls._upgrade_params(self.header["params"]))
         if ID_KEY_PART in self.header:
             restore_id_key(model, {ID_KEY_PART: bytes.fromhex(self.header[ID_KEY_PART])})
-        bind_model(model, {name[6:]: self.view(name) for name in self.header["arrays"]
-                            if name.startswith("model.")}, self)
-        return model
+        views = {name[6:]: self.view(name) for name in self.header["arrays"] if name.startswith("model.")}
+        wrapped = views.pop(RELEASED, None)   # a private fallback's releases: its reader's wrapper's
+        bind_model(model, views, self)
+        return reader_model(model, self.header, wrapped)
 
     def bloom(self, name: str) -> BloomFilter:
         """The Bloom filter ``name`` ("pairs_seen" or "users_seen") over the shared bits."""

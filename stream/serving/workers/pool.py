@@ -34,6 +34,7 @@ from sketchrec.stream.serving.workers import supervision
 from sketchrec.stream.serving.workers.reader import READY_BASE
 from sketchrec.stream.serving.workers.supervision import PARENT_ENV
 from sketchrec.stream.serving.server import listen, uvicorn_server
+from sketchrec.stream.serving.workers.binding import publish_release
 from sketchrec.stream.serving.workers.block import PUBLISH_S, SharedBlock, shareable
 
 __all__ = ["WorkerPool", "default_workers", "shareable"]
@@ -92,6 +93,7 @@ class Publisher:
         return [rows, snap.share]
 
     def publish(self, block: SharedBlock, popular: bool = False) -> None:
+        publish_release(self.service.recommender.model)   # a private fallback's new release, if any
         block.publish(self.document(block, popular))
 
 
@@ -103,7 +105,7 @@ class WorkerPool:
                  access="auto", learner_serves: bool = False, reload_every: float | None = None,
                  nice: int = 0):
         if not shareable(service.recommender):
-            raise ValueError("only a model of fixed arrays (sketch, bias, mix) can be served "
+            raise ValueError("only a model of fixed arrays (sketch, bias, mix, DP-SGD) can be served "
                              "from several processes")
         self.service, self.workers, self.learner_serves = service, int(workers), learner_serves
         self.admin_token, self.access, self.reload_every = admin_token, access, reload_every
