@@ -199,7 +199,8 @@ class ModelSettings:
 
     def warm(self, dp=None, say: Callable[[str], None] | None = None, prog: str = "replay") -> None:
         """Compile numba's kernels (or load them from its cache) by learning a few ratings on a
-        throwaway model of these settings, so no run counts compile time as learning time. When
+        throwaway model of these settings and feeding them to a throwaway privacy monitor, so no
+        run counts compile time as learning time. When
         that takes over a second (the first run compiles, ~25 s), ``say`` is told once."""
         if self.kind == "river":
             return
@@ -214,6 +215,10 @@ class ModelSettings:
             model.predict_many(ids, ids)
             if dp is not None:
                 model.noisy_step(ids, ids, np.full(8, 3.0))
+            # the privacy monitor's kernels too: fed every learned batch, inside the timed loop
+            from sketchrec.privacy.monitor import PrivacyMonitor
+            keys = model.id_keys.as_keys(ids)
+            PrivacyMonitor(window=4, reservoir=4).observe(model, keys, keys, np.full(8, 3.0), predictions)
         finally:
             if notice:
                 notice.cancel()
