@@ -211,7 +211,7 @@ class ModelSettings:
             notice.start()
         try:
             model, ids = self.build(64, dp, prog), np.arange(1, 9, dtype=np.int64)
-            model.learn_many(ids, ids, np.full(8, 3.0))
+            predictions = model.learn_many(ids, ids, np.full(8, 3.0))
             model.predict_many(ids, ids)
             if dp is not None:
                 model.noisy_step(ids, ids, np.full(8, 3.0))
