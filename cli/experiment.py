@@ -32,13 +32,12 @@ def experiment_main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: unknown experiment {args.name!r}; see --list", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    print(f"{args.name}: running{' (--quick: a reduced grid)' if args.quick else ''}; "
-          f"results go to {args.out}/", file=sys.stderr, flush=True)
     done = threading.Event()
-    threading.Thread(target=_heartbeat, args=(args.name, t0, done), daemon=True).start()
     try:
         from sketchrec.cli.fetch import resolve_data
         data = resolve_data(args.data, PROG)
+        # its progress: the experiment's own lines (a grid's fits) and this heartbeat
+        threading.Thread(target=_heartbeat, args=(args.name, t0, done), daemon=True).start()
         experiments[args.name].run(Path(data) if data else None, args.out, args.quick)
     except MissingData as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

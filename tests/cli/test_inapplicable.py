@@ -100,3 +100,15 @@ def test_help_names_the_default_that_runs(capsys):
     assert replay_main([*SMALL, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["model"] == "mix" and f"lr={lr:g} reg={reg:g}" in result["params"]["members"]
+
+
+def test_a_long_experiment_shows_its_progress(ml100k, tmp_path, capsys):
+    """`experiment b1-table` says which fit of how many it has done, on stderr (stdout: the
+    closing line only)."""
+    from sketchrec.cli import sketchrec_main
+    assert sketchrec_main(["experiment", "b1-table", "--quick", "--data", str(ml100k),
+                           "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    fits = [line for line in out.err.splitlines() if line.startswith("b1-table: fit ")]
+    assert [line.split(" (")[0] for line in fits] == [f"b1-table: fit {n}/3" for n in (1, 2, 3)]
+    assert out.out.startswith("b1-table: wrote ")
