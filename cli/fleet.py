@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 
+from sketchrec.cli.feedback import topic_feedback
 from sketchrec.cli.serve import on_stop_signal, serve_until_interrupted, start_server
 
 
@@ -20,9 +21,14 @@ def run_member(config) -> int:
     from sketchrec.stream.recommender import Recommender
     prog, settings, fleet = "sketchrec consume", config.model, config.fleet
     member = new_member_id()
+    if config.dp.enabled and config.dp.budget is not None:
+        print(f"{prog}: --budget-epsilon stops one learner's passes; a fleet's passes are charged on "
+              "its model topic (every replica's /privacy reports them); leave it out", file=sys.stderr)
+        return 2
+    dp, ledger = fleet_dp(config)
 
     def empty() -> Recommender:  # the first member's model is every member's starting point
-        return Recommender(settings.build(config.capacity, None, prog),
+        return Recommender(settings.build(config.capacity, dp, prog),
                            pair_capacity=config.expected_ratings, seed=settings.seed)
 
     def join(service) -> FleetLearner:
@@ -31,8 +37,14 @@ def run_member(config) -> int:
                             dead_topic=config.dead_topic, rating_range=config.rating_range)
 
     try:
-        service = open_replica(config.bootstrap, fleet.model_topic, empty, member)
+        service = open_replica(config.bootstrap, fleet.model_topic, empty, member, dp=ledger)
+        if service.fleet.dp != ledger:   # its first member's options decided the fleet's model
+            print(f"{prog}: the fleet on {fleet.model_topic} learns {_mode_words(service.fleet.dp)}, "
+                  f"this member was asked for {_mode_words(ledger)}; start every member with the "
+                  "same privacy options (or use another --model-topic)", file=sys.stderr)
+            return 2
         service.health.broker_lost_after = config.broker_lost_after
+        service.feedback = topic_feedback(config.bootstrap, config.topic, config.rating_range)
         learner = join(service)
     except (KafkaError, RuntimeError, TimeoutError) as exc:
         print(f"{prog}: cannot join the fleet on {config.topic!r} at {config.bootstrap}: {exc}",
@@ -48,6 +60,11 @@ def run_member(config) -> int:
     try:
         while True:
             learner.run(idle_exit=config.exit_when_idle)
+            if learner.refusal is not None:
+                print(f"{prog}: {learner.refusal}", file=sys.stderr, flush=True)
+                if server is not None:
+                    server.stop()
+                return 2
             if learner.fenced is None or stopping.is_set():
                 break
             member = new_member_id()
@@ -71,7 +88,9 @@ def run_member(config) -> int:
             server.stop()
         raise
     stats = service.stats()
-    print(json.dumps({**{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "prequential_rmse")},
+    print(json.dumps({"model": config.model.kind,
+                      **{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "prequential_rmse")},
+                      "privacy": service.privacy(),
                       "member": member, "own_ratings": learner.own, "first_at": learner.first_at,
                       "last_at": learner.last_at, "published_bytes": learner.bytes_published,
                       "progress": learner.progress + [(learner.last_at, learner.own)],
@@ -80,6 +99,34 @@ def run_member(config) -> int:
     if server is not None:
         server.stop()
     return 0
+
+
+def fleet_dp(config):
+    """(the members' ``DPConfig``, the fleet ledger's terms ``{"unit", "delta", "multiplier"}``),
+    or (None, None) without DP. A fleet runs DP-SGD without the private fallback (its windowed
+    releases are one learner's), so a pass's whole budget goes to the steps: the noise of
+    --dp-epsilon E is calibrated with no fallback share. ``multiplier`` is what one pass over
+    a partition costs (``DPConfig.stream_multiplier``); None when no noise is added."""
+    if not config.dp.enabled:
+        return None, None
+    from dataclasses import replace
+
+    from sketchrec.privacy.calibration import stream_noise_multiplier
+    dp = config.dp.config(stream=True, depth=config.model.depth, lr=config.model.lr)
+    dp = replace(dp, fallback_share=0.0)
+    if config.dp.noise is None and config.dp.sgld_temperature is None and config.dp.target is not None:
+        dp = replace(dp, noise_multiplier=stream_noise_multiplier(
+            config.dp.target, config.dp.delta, dp.sensitivity_factor, fallback_share=0.0))
+    if dp.noise_multiplier == 0:
+        return dp, None
+    return dp, {"unit": dp.unit, "delta": config.dp.delta, "multiplier": dp.stream_multiplier()}
+
+
+def _mode_words(ledger: dict | None) -> str:
+    if ledger is None:
+        return "without a privacy ledger"
+    return (f"with DP-SGD at the {ledger['unit']} unit (delta {ledger['delta']:g}, noise multiplier "
+            f"{ledger['multiplier']:.6g} per pass)")
 
 
 def _rejoin(rebuild, join, stopping: threading.Event, health):

@@ -43,6 +43,7 @@ AXIS_HELP = {
 
 DEFAULT_KIND = "mix"   # every command's default learner (replay, consume, serve's readers)
 PRIVATE_KIND = "sketch"  # the privacy modes' and the fleet's learner when no --model is given
+# (a DP fleet runs it with DP-SGD and no private fallback: the dp-fallback row's fleet cell)
 
 
 @dataclass(frozen=True)
@@ -202,9 +203,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
              **_refuse(("none", "clip-loss", "sgld", "ldp", *_JOINT), na(
                  "the fallback wraps a DP-SGD model only")),
              **_refuse(AXES["optimizer"][1:], na("DP-SGD takes plain SGD steps"), "optimizer"),
-             ("input", "fleet"): no("privacy modes (--dp-*, --ldp-debias) do not run as a fleet "
-                                    "yet: one ledger needs one learner",
-                                    "run one `consume --checkpoint DIR` process"),
+             ("input", "fleet"): na("a fleet runs the DP-SGD sketch model itself (the sketch row), "
+                                    "without the private fallback, whose windowed releases and "
+                                    "choice are one learner's"),
              ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
              ("serving", "joint-read-only"): na("only the joint-DP model is served read-only after its fit"),
              ("feature", "topn"): no("--topn cuts the stream's batches at its events, which would "
@@ -214,17 +215,24 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
 )}
 
 # what a privacy mode cannot run with, whatever the kind (its ``forbids`` aside)
-_NO_FLEET = no("privacy modes (--dp-*, --ldp-debias) do not run as a fleet yet: one ledger needs "
-               "one learner", "run one `consume --checkpoint DIR` process")
+_NO_FLEET = no("the local-DP mode (--ldp-debias) does not run as a fleet yet: the id key and the "
+               "debiasing are one learner's", "run one `consume --checkpoint DIR --ldp-debias` process")
 MODE_LIMITS: dict[PrivacyMode, dict[tuple[str, str], Cell]] = {
-    **{PrivacyMode(m): {("input", "fleet"): _NO_FLEET,
-                        ("feature", "topn"): KINDS["dp-fallback"].cells[("feature", "topn")]}
+    **{PrivacyMode(m): {("feature", "topn"): KINDS["dp-fallback"].cells[("feature", "topn")]}
        for m in _DP},
     PrivacyMode.LDP: {("input", "fleet"): _NO_FLEET,
                       ("protocol", "prequential"): no(
                           "--ldp-epsilon is simulated in the holdout protocol (--holdout F)",
                           "for a stream, use `sketchrec produce --ldp-epsilon`")},
 }
+
+# what a privacy mode cannot run with when two columns are asked together
+_DP_MEMBER_SERVES = no("a DP fleet member's replica runs ahead of the fleet's model by what it has "
+                       "not published, which a kill -9 would have its successor learn again",
+                       "serve the fleet's model from `sketchrec serve --bootstrap B --topic T` "
+                       "replicas (accepted deltas only)")
+MODE_PAIR_LIMITS: dict[PrivacyMode, dict[tuple[tuple[str, str], tuple[str, str]], Cell]] = {
+    PrivacyMode(m): {(("input", "fleet"), ("serving", "thread")): _DP_MEMBER_SERVES} for m in _DP}
 
 # what two columns cannot run together, whatever the kind and mode
 _FLEET_WORKERS = no("a fleet's model is served from its own process: its replica keeps state beside "
@@ -294,6 +302,9 @@ def refusals(ask: Ask) -> list[str]:
             pair = PAIR_LIMITS.get(other, {}).get((axis, value))
             if pair is not None:
                 lines.append(pair.line())
+            pair = MODE_PAIR_LIMITS.get(ask.privacy, {}).get((other, (axis, value)))
+            if pair is not None:
+                lines.append(pair.line())
     asked = set(ask.features) | ({"adagrad"} if ask.optimizer in ("adagrad", "adagrad-id") else set())
     for feature in ask.privacy.forbids:
         if feature in asked:
@@ -330,7 +341,9 @@ def as_dict() -> dict:
                       for k in KINDS.values()},
             "modes": {m.value: {"forbids": list(m.forbids),
                                 "limits": {f"{a}:{v}": c.to_dict()
-                                           for (a, v), c in MODE_LIMITS.get(m, {}).items()}}
+                                           for (a, v), c in MODE_LIMITS.get(m, {}).items()},
+                                "pairs": {f"{a}:{v} + {b}:{w}": c.to_dict() for ((a, v), (b, w)), c
+                                          in MODE_PAIR_LIMITS.get(m, {}).items()}}
                       for m in PrivacyMode},
             "pairs": {f"{a}:{v} + {b}:{w}": c.to_dict() for (a, v), limits in PAIR_LIMITS.items()
                       for (b, w), c in limits.items()}}

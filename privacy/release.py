@@ -44,7 +44,8 @@ FIELDS: dict[str, str] = {
                      "monitor", "fallback_budget", "budget_shares", "hyper_parameters",
                      "access_control", "catalogue", "operator_state",
                      "noise_multiplier", "clip", "batch_size", "user_cap", "rating_range",
-                     "debug_noise_seed", "fallback_share", "budget_epsilon"), "guarantee"),
+                     "debug_noise_seed", "fallback_share", "budget_epsilon",
+                     "composition", "passes_by_partition"), "guarantee"),
     # which model answers and the noisy evidence for it (a DP release)
     **dict.fromkeys(("serving", "fallback", "choice", "chose_factors", "released"), "predictions"),
     # the monitor's exact moments (``privacy.monitor.figures``)

@@ -90,6 +90,7 @@ class FleetLearner(KafkaLearner):
         self.per_message: float | None = None   # ratings per input message, as measured
         self.max_poll = max_poll_records
         self.fenced: Exception | None = None
+        self.refusal: str | None = None   # why this member stopped learning a topic (one line)
         self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
         self.progress: list[tuple[float, int]] = []   # (time, own) every 50 ms or so (figures)
         # large polls (a small one waits on a fetch round trip); _learn cuts them into sync-sized
@@ -140,6 +141,10 @@ class FleetLearner(KafkaLearner):
         for chunk in self._chunks(records):
             if self.fenced is not None or self.stop.is_set():
                 return  # the rest is consumed again by whoever resumes from the published offsets
+            if self.refusal is None and not self._keyed_by_user(chunk):
+                self.stop.set()   # nothing of the chunk learned: a fleet of this topic is refused
+                log_event("refused", logging.ERROR, error=self.refusal)
+                return
             before = self.book._pending
             super()._learn(chunk)
             learned = self.book._pending - before
@@ -159,6 +164,27 @@ class FleetLearner(KafkaLearner):
         # a poll of at most POLL_CHUNKS chunks: big enough that most polls find fetched data,
         # small enough to stay far within the group's max poll interval on a loaded machine
         self.consumer.config["max_poll_records"] = min(self.max_poll, POLL_CHUNKS * self._chunk_messages())
+
+    def _keyed_by_user(self, chunk: dict) -> bool:
+        """At the user unit, whether every message of ``chunk`` is keyed by the user of each of
+        its ratings (as `sketchrec produce` keys them): only then are a user's ratings all in one
+        partition, learned by one member at a time, and the passes composed in parallel over
+        partitions are over disjoint users. Otherwise ``refusal`` says so in one line."""
+        if (self.state.dp or {}).get("unit") != "user":
+            return True
+        from sketchrec.stream.kafka.messages import parse_message
+        for tp, messages in chunk.items():
+            for msg in messages:
+                key = msg.key.decode("utf-8", "replace") if msg.key is not None else None
+                users = {str(r[0]) for r in parse_message(msg.value).ratings}
+                if users and users != {key}:
+                    self.refusal = (
+                        f"user-level DP in a fleet needs a topic keyed by user (every rating of a "
+                        f"user in one partition); partition {tp.partition} offset {msg.offset} is "
+                        f"keyed {key!r}, its ratings' users differ; produce the topic with "
+                        "`sketchrec produce` (keyed by user), or use --dp-unit rating")
+                    return False
+        return True
 
     def _chunks(self, records: dict):
         """Sub-polls of ``records`` (partition -> messages, in order) of about ``sync_ratings``

@@ -10,6 +10,19 @@ letters), the key is the member's id, and the header ``sketchrec.delta`` holds J
 
 (``claims`` only in a member's claim, see below; its value is empty.)
 
+The privacy ledger of a DP fleet (``FleetState.dp`` set by the first snapshot: the model's unit,
+delta and per-pass noise multiplier) is derived from this topic, so every replica reading it
+reports the same epsilon and no restore can lower it (the topic is append-only; a snapshot holds
+the state at its position and the topic after it is read again). Each input partition counts the
+passes of DP-SGD over it (``passes``). The consumer group gives each rating to one member and the
+claims make that exact, so the members' steps compose in parallel over disjoint data: the fleet's
+epsilon is that of its most-passed partition, not a sum over members. A partition's first claim
+starts its first pass; a delta refused for it (a zombie's learning, on the topic beside its new
+owner's) adds one; at the user unit so does every claim by another member (the users' rating caps
+are counted by the member that learned them, and a new owner starts them at zero). A kill -9
+adds none: a DP member serves no endpoint of its own (the capability table), so what it learned
+and did not publish was never released, and its successor's pass continues the same one.
+
 ``covers`` maps each input partition to the half-open offset range [from, to) whose ratings the
 delta holds. The topic is thus the record of what has been learned, and a ``FleetState`` reading
 it knows, per input partition, the offset after the last delta covering it (``covered``).
@@ -104,6 +117,9 @@ class FleetState:
     refused: int = 0
     seen: dict = field(default_factory=dict)   # member -> the last seq read (retries are read once)
     owners: dict = field(default_factory=dict)  # partition -> the member of its newest claim
+    dp: dict | None = None   # a DP fleet: {"unit", "delta", "multiplier"} of one pass (the ledger)
+    passes: dict = field(default_factory=dict)   # partition -> DP-SGD passes over it
+    charged: list = field(default_factory=list)  # "member/partition" of refused deltas charged
 
     def duplicate(self, meta: dict) -> bool:
         return meta.get("seq", 0) <= self.seen.get(meta.get("member"), -1)
@@ -118,6 +134,7 @@ class FleetState:
         for p, (_, end) in meta["covers"].items():
             self.covered[p] = end
         for p in meta.get("claims") or ():
+            self._charge_claim(p, meta.get("member"))
             self.owners[p] = meta.get("member")
         e = meta.get("errors") or {}
         self.errors.n += e.get("n", 0)
@@ -127,15 +144,51 @@ class FleetState:
         self.seen[meta.get("member")] = meta.get("seq", 0)
         self.position = offset + 1
 
+    def _charge_claim(self, p: str, member: str | None) -> None:
+        """A DP fleet's claim of partition ``p``: its first starts a pass; at the user unit a
+        claim by another member than its owner starts another (see the module docstring)."""
+        if self.dp is None:
+            return
+        owner = self.owners.get(p)
+        if p not in self.passes:
+            self.passes[p] = 1
+        elif self.dp["unit"] == "user" and owner not in (None, member):
+            self.passes[p] += 1
+
+    def refuse(self, meta: dict) -> None:
+        """A refused delta: counted, and in a DP fleet one more pass over each partition it
+        covers (once per member and partition: a zombie's refused deltas are one extra pass)."""
+        self.refused += 1
+        if self.dp is None:
+            return
+        for p in meta["covers"]:
+            tag = f"{meta.get('member')}/{p}"
+            if tag not in self.charged:
+                self.charged.append(tag)
+                self.passes[p] = self.passes.get(p, 0) + 1
+
+    def ledger(self):
+        """The fleet's ``PrivacyLedger`` (None: not a DP fleet): one pass of the model's
+        multiplier per pass over the most-passed partition (parallel composition)."""
+        if self.dp is None:
+            return None
+        from sketchrec.privacy.accounting import GaussianSteps, PrivacyLedger
+        worst = max(self.passes.values(), default=0)
+        steps = [GaussianSteps(self.dp["multiplier"], 1.0, worst)] if worst else []
+        return PrivacyLedger(self.dp["unit"], self.dp["delta"], steps=steps, relation="replace-one",
+                             ledger_id="fleet")
+
     def to_dict(self) -> dict:
         return {"position": self.position, "covered": self.covered, "errors": self.errors.to_dict(),
-                "skipped": dict(self.skipped), "seen": self.seen, "owners": self.owners}
+                "skipped": dict(self.skipped), "seen": self.seen, "owners": self.owners,
+                "dp": self.dp, "passes": self.passes, "charged": self.charged}
 
     @classmethod
     def from_dict(cls, d: dict, member: str | None = None) -> "FleetState":
         return cls(member, d["position"], dict(d["covered"]), ErrorStats.from_dict(d["errors"]),
                    Counter(d.get("skipped", {})), seen=dict(d.get("seen", {})),
-                   owners=dict(d.get("owners", {})))
+                   owners=dict(d.get("owners", {})), dp=d.get("dp"),
+                   passes=dict(d.get("passes", {})), charged=list(d.get("charged", [])))
 
 
 class ModelFeed:
@@ -188,7 +241,7 @@ class ModelFeed:
             return
         mine = meta.get("member") == self.state.member
         if not self.state.accepts(meta):
-            self.state.refused += 1
+            self.state.refuse(meta)
             self.state.position = msg.offset + 1
             log_event("delta_refused", logging.WARNING, offset=msg.offset, member=meta.get("member"),
                       covers=json.dumps(meta["covers"], separators=(",", ":")))

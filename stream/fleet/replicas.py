@@ -48,12 +48,45 @@ def model_producer(bootstrap: str):
                          max_in_flight_requests_per_connection=1, max_request_size=MAX_MESSAGE_BYTES)
 
 
+class FleetService(LearningService):
+    """A fleet replica's service: its privacy ledger is the model topic's (``FleetState.ledger``:
+    every replica that read as far reports the same epsilon, and no restore lowers it), and
+    /privacy says how the members compose."""
+
+    COMPOSITION = ("parallel over the input partitions: the consumer group gives each rating to "
+                   "one member and the model topic's claims make that exact, so the members' "
+                   "DP-SGD steps are over disjoint data and the fleet's epsilon is that of its "
+                   "most-passed partition (its passes composed), not a sum over members; a "
+                   "refused delta (a zombie's) is one more pass over its partitions")
+
+    @property
+    def ledger(self):
+        state = getattr(self, "fleet", None)
+        return state.ledger() if state is not None else None
+
+    @ledger.setter
+    def ledger(self, value) -> None:
+        # the base class sets None at construction; a fleet's passes are charged on its model
+        # topic only (FleetState), never by a process
+        if value is not None:
+            raise ValueError("a fleet's privacy ledger is its model topic's")
+
+    def privacy(self) -> dict:
+        figures = super().privacy()
+        state = getattr(self, "fleet", None)
+        if state is not None and state.dp is not None:
+            figures["composition"] = self.COMPOSITION
+            figures["passes_by_partition"] = dict(sorted(state.passes.items()))
+        return figures
+
+
 def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member: str | None = None,
-                 wait: float = 60.0) -> LearningService:
+                 wait: float = 60.0, dp: dict | None = None) -> LearningService:
     """A service whose recommender is the newest snapshot's, with ``service.fleet`` (its
     FleetState) and ``service.tracker`` (its DeltaTracker) set. With ``make_recommender`` and no
     snapshot yet, that recommender's empty state is written as the first one (all members then
-    start from the same bytes, whichever wrote first); without, wait up to ``wait`` seconds."""
+    start from the same bytes, whichever wrote first) with ``dp`` (a DP fleet's unit, delta and
+    per-pass multiplier: ``FleetState.dp``); without, wait up to ``wait`` seconds."""
     ensure_fleet_topics(bootstrap, model_topic)
     topic = snapshots.snapshot_topic(model_topic)
     snap, deadline = snapshots.newest(bootstrap, topic), time.monotonic() + wait
@@ -61,7 +94,7 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
         if make_recommender is not None:
             first = make_recommender()
             producer = model_producer(bootstrap)
-            write_snapshot(producer, topic, first, FleetState(), type(first.model).__name__)
+            write_snapshot(producer, topic, first, FleetState(dp=dp), type(first.model).__name__)
             producer.close(timeout=10)
         elif time.monotonic() > deadline:
             raise TimeoutError(f"no snapshot in {topic} after {wait:g} s: start a learner first")
@@ -71,8 +104,8 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
     model_cls = MODELS[snap.meta["model_class"]]
     recommender = Recommender.from_parts(snap.parts, model_cls)
     restore_operator_parts(recommender.model, snap.parts)
-    service = LearningService(recommender, None, read_only=make_recommender is None,
-                              model_cls=model_cls)
+    service = FleetService(recommender, None, read_only=make_recommender is None,
+                           model_cls=model_cls)
     state = FleetState.from_dict(snap.meta["fleet"], member)
     # the service's figures are the fleet's: what the accepted deltas say
     service.errors, service.skipped, service.offsets = state.errors, state.skipped, state.covered
