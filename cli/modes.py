@@ -8,7 +8,7 @@ import argparse
 import json
 
 from sketchrec.models.capabilities import (AXES, AXIS_HELP, DEFAULT_KIND, KINDS, MODE_LIMITS,
-                                           PAIR_LIMITS, PRIVATE_KIND, as_dict)
+                                           MODE_PAIR_LIMITS, PAIR_LIMITS, PRIVATE_KIND, as_dict)
 from sketchrec.cli.options import Parser
 from sketchrec.privacy.mode import PrivacyMode
 
@@ -51,6 +51,8 @@ def markdown() -> str:
     out += ["", "## Combinations", ""]
     out += [f"- `{a}:{v}` with `{b}:{w}`: {c.line()}" for (a, v), limits in PAIR_LIMITS.items()
             for (b, w), c in limits.items()]
+    out += [f"- `{mode.value}`: `{a}:{v}` with `{b}:{w}`: {c.line()}"
+            for mode, limits in MODE_PAIR_LIMITS.items() for ((a, v), (b, w)), c in limits.items()]
     return "\n".join(out) + "\n"
 
 
