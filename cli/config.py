@@ -293,14 +293,21 @@ class EvaluationSettings:
         return settings
 
 
-def writable_file(prog: str, option: str, path: Path) -> None:
-    """Before any learning: ``path``'s directory exists (made if missing) and takes a file there,
-    else one line (a result is never lost to a bad output path at the end)."""
+def writable_dir(prog: str, option: str, directory: Path, named: Path | None = None) -> None:
+    """Before any learning (no result lost at the end): ``directory`` made if missing, writable."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        refuse(prog, [f"{option} {path}: cannot make its directory ({exc.strerror or exc})"])
-    if path.is_dir() or not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+        refuse(prog, [f"{option} {named or directory}: cannot make "
+                      f"{'its directory' if named else 'it'} ({exc.strerror or exc})"])
+    if not os.access(directory, os.W_OK):
+        refuse(prog, [f"{option} {named or directory}: not writable; give a writable path"])
+
+
+def writable_file(prog: str, option: str, path: Path) -> None:
+    """``writable_dir`` of the file's directory, and the file itself writable."""
+    writable_dir(prog, option, path.parent, path)
+    if path.is_dir() or path.exists() and not os.access(path, os.W_OK):
         refuse(prog, [f"{option} {path}: " + ("a directory, not a file" if path.is_dir()
                                                else "not writable") + "; give a writable file path"])
 
@@ -363,6 +370,8 @@ class ReplayConfig:
             tuple(s for s in (listen, serving.explicit_workers) if s),
             features_of(args, model)))
         evaluation = EvaluationSettings.from_args(args, prog)   # then the options' own checks
+        if serving.checkpoint is not None:
+            writable_dir(prog, "--checkpoint", serving.checkpoint)
         if dp.problems(holdout):
             refuse(prog, dp.problems(holdout))
         return cls(args.path, args.order, args.speed, args.quiet, args.json, args.holdout,

@@ -72,12 +72,9 @@ def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
                     "(default: the file format's scale, e.g. 1,5 for u.data, 0.5,5 for ratings.csv)")
     ap.add_argument("--ldp-debias", action="store_true",
                     help="map predictions back through the mechanism's mean (undo its centre bias)")
-    ap.add_argument("--synthetic-ratings", type=positive_int, default=SYNTHETIC["ratings"],
-                    help="synthetic stream: its length")
-    ap.add_argument("--synthetic-users", type=positive_int, default=SYNTHETIC["users"],
-                    help="synthetic stream: distinct users")
-    ap.add_argument("--synthetic-items", type=positive_int, default=SYNTHETIC["items"],
-                    help="synthetic stream: distinct items")
+    ap.add_argument("--synthetic-ratings", type=positive_int, default=SYNTHETIC["ratings"], help="synthetic: its length")
+    ap.add_argument("--synthetic-users", type=positive_int, default=SYNTHETIC["users"], help="synthetic: distinct users")
+    ap.add_argument("--synthetic-items", type=positive_int, default=SYNTHETIC["items"], help="synthetic: distinct items")
     add_evaluation_args(ap)
     add_serving_args(ap)
     return ap
@@ -329,7 +326,10 @@ def _finish(run: Run, result: dict, rss: list) -> dict:
     if run.service is not None:
         run.service.finish()   # the stream ended: the dashboard says so
         if run.service.checkpoints is not None:
-            result["checkpoint"] = run.service.checkpoint()
+            try:
+                result["checkpoint"] = run.service.checkpoint()
+            except OSError as exc:   # a full disk: the result is still reported
+                print(f"replay: --checkpoint: not written ({exc.strerror or exc})", file=sys.stderr)
     params = result["params"]  # what the model set aside (loss clipping, divergence) was not learned
     result["learned"] = result["ratings"] - (params.get("skipped_by_clip_loss") or 0) \
         - (params.get("skipped_diverged") or 0)

@@ -112,3 +112,12 @@ def test_a_long_experiment_shows_its_progress(ml100k, tmp_path, capsys):
     fits = [line for line in out.err.splitlines() if line.startswith("b1-table: fit ")]
     assert [line.split(" (")[0] for line in fits] == [f"b1-table: fit {n}/3" for n in (1, 2, 3)]
     assert out.out.startswith("b1-table: wrote ")
+
+
+def test_an_unmakeable_checkpoint_directory_is_refused_before_learning(tmp_path, capsys):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    line = one_line([*SMALL, "--checkpoint", str(blocker / "ck")], capsys)
+    assert line.startswith(f"replay: --checkpoint {blocker / 'ck'}: cannot make it")
+    assert replay_main([*SMALL, "--json", "--checkpoint", str(tmp_path / "new" / "ck")]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"]["name"]   # made, and written at the end
