@@ -9,14 +9,14 @@ codec of the record batches (none, gzip, snappy, lz4, zstd), as production produ
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 from kafka.errors import KafkaError
 
 from sketchrec.privacy.ldp import HEADER
 from sketchrec.stream.kafka.consumer import kafka_config
-from sketchrec.stream.kafka.messages import encode_batch
+from sketchrec.stream.kafka.messages import _CSV_UNSAFE, encode_batch
 from sketchrec.data import Ratings
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -88,35 +88,90 @@ def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: 
     sent_messages = 0
     values = ratings.ratings if randomiser is None else randomiser.perturb(ratings.ratings)
     headers = None if randomiser is None else [(HEADER, randomiser.header())]
-    rows = list(zip(ratings.users.tolist(), ratings.items.tolist(), values.tolist(),
-                    ratings.timestamps.tolist()))
-    pending: dict = {}
     delivered = _Delivered()
+    messages = (_messages(ratings, values, batch) if rate is None
+                else _paced(_rows(ratings, values), batch, rate, t0))
+    for key, value, n_ratings in messages:
+        delivered.track(producer.send(topic, key=key, value=value, headers=headers), n_ratings)
+        sent_messages += 1
+    total = len(ratings)
+    acknowledged: list[float] = []   # when the last message was (a held commit waits after it)
+    _flush(producer, delivered, total, timeout,
+           held_until and (lambda: (acknowledged.append(time.perf_counter()), held_until())))
+    seconds = (acknowledged[0] if acknowledged else time.perf_counter()) - t0
+    return {"topic": topic, "ratings": total, "messages": sent_messages, "compression": compression,
+            "seconds": seconds,
+            "ratings_per_s": total / max(seconds, 1e-9),
+            **({"ldp": randomiser.header().decode()} if randomiser is not None else {})}
+
+
+Message = tuple[bytes, bytes, int]   # (key, value, ratings in it)
+
+
+def _rows(ratings: Ratings, values: np.ndarray) -> list[tuple]:
+    return list(zip(ratings.users.tolist(), ratings.items.tolist(), values.tolist(),
+                    ratings.timestamps.tolist()))
+
+
+def _paced(rows: list[tuple], batch: int, rate: float | None, t0: float) -> Iterator[Message]:
+    """The messages of ``rows`` one rating at a time: a user's ratings gather until ``batch`` of
+    them make a message (sent then), the rest go at the end in the order their users' last
+    message began; with ``rate``, no faster than ``rate`` ratings per second."""
+    pending: dict = {}
     for n, row in enumerate(rows):
         key = str(row[0]).encode()
         pending.setdefault(key, []).append(row)
         if len(pending[key]) >= batch:
             group = pending.pop(key)
-            delivered.track(producer.send(topic, key=key, value=encode_batch(group), headers=headers),
-                            len(group))
-            sent_messages += 1
+            yield key, encode_batch(group), len(group)
         if rate is not None:
             # one clock reading: a stalled send (broker outage) can pass ``due`` between two
             wait = t0 + (n + 1) / rate - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
     for key, group in pending.items():
-        delivered.track(producer.send(topic, key=key, value=encode_batch(group), headers=headers),
-                        len(group))
-        sent_messages += 1
-    acknowledged: list[float] = []   # when the last message was (a held commit waits after it)
-    _flush(producer, delivered, len(rows), timeout,
-           held_until and (lambda: (acknowledged.append(time.perf_counter()), held_until())))
-    seconds = (acknowledged[0] if acknowledged else time.perf_counter()) - t0
-    return {"topic": topic, "ratings": len(rows), "messages": sent_messages, "compression": compression,
-            "seconds": seconds,
-            "ratings_per_s": len(rows) / max(seconds, 1e-9),
-            **({"ldp": randomiser.header().decode()} if randomiser is not None else {})}
+        yield key, encode_batch(group), len(group)
+
+
+def _messages(ratings: Ratings, values: np.ndarray, batch: int) -> Iterator[Message]:
+    """The messages ``_paced`` makes without a rate, byte for byte, built a column at a time:
+    each rating's CSV line formatted by arrow, a user's lines cut into runs of ``batch``, and the
+    runs sent in the order ``_paced`` sends them (a full run when its last rating comes, the rest
+    at the end by where they began). Ids holding a comma or a line break (JSON messages) take
+    ``_paced``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    n = len(ratings)
+    users = ratings.users
+    if n == 0 or any(users.dtype == object and _unsafe(ids) for ids in (users, ratings.items)):
+        yield from _paced(_rows(ratings, values), batch, None, 0.0)
+        return
+    encoded = pa.array(users).dictionary_encode()        # compiled, for int and text ids alike
+    user_of = encoded.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(user_of, kind="stable")          # each user's ratings together, in order
+    counts = np.bincount(user_of)
+    rank = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)   # within its user
+    starts = np.flatnonzero(rank % batch == 0)                           # a run begins
+    ends = np.append(starts[1:], n)
+    full = ends - starts == batch
+    # _paced sends a full run at its last rating, the others after everything, by first rating
+    sent_at = np.where(full, order[ends - 1], n + order[starts])
+    stars, star_of = np.unique(values[order], return_inverse=True)
+    wide = pa.large_string()   # 64-bit offsets: a file's text may pass 2 GB
+    text = [pa.array(col[order]).cast(wide) for col in (users, ratings.items)]
+    text += [pa.array([f"{r:g}" for r in stars.tolist()], wide).take(pa.array(star_of)),
+             pa.array(ratings.timestamps[order]).cast(wide), pa.scalar("\n", wide)]
+    lines = pc.binary_replace_slice(pc.binary_join_element_wise(*text, pa.scalar(",", wide)), -2, -1, "")
+    offsets = np.frombuffer(lines.buffers()[1], np.int64, len(lines) + 1, lines.offset * 8)
+    data = memoryview(lines.buffers()[2])
+    keys = [str(u).encode() for u in encoded.dictionary.to_pylist()]
+    for run in np.argsort(sent_at, kind="stable").tolist():
+        a, b = starts[run], ends[run]
+        yield keys[user_of[order[a]]], bytes(data[offsets[a]:offsets[b] - 1]), int(b - a)
+
+
+def _unsafe(ids: np.ndarray) -> bool:
+    return any(isinstance(x, str) and any(c in x for c in _CSV_UNSAFE) for x in set(ids.tolist()))
 
 
 def _flush(producer, delivered: _Delivered, total: int, timeout: float,
