@@ -48,6 +48,7 @@ SURFACES = (
     "model_shape",        # widths, depths, capacity
     "monitor",            # the privacy monitor's moments
     "guarantee",          # epsilon, delta, unit, accountant
+    "epoch_plan",         # the noised training size of DP epochs, and q and steps made from it
     "offsets",            # Kafka offsets (the stream's length)
     "health",             # uptime, readiness, pause state
 )
@@ -91,6 +92,7 @@ class _Spec:
 _PRIVATE_SURFACES = {"predictions": "noised", "recommendations": "noised", "public_ranking": "noised",
                      "popularity": "withheld", "ratings_learned": "withheld", "model_bytes": "withheld",
                      "model_shape": "public", "monitor": "withheld", "guarantee": "public",
+                     "epoch_plan": "noised",
                      "offsets": "withheld", "health": "public"}
 # sensitivities as calibrated (models.private.dp_sgd, privacy.joint_dp.sensitivity); a user's m
 # ratings reach one step's clipped sum m times, and its contribution vector to the bucketed item

@@ -29,8 +29,10 @@ FIELDS: dict[str, str] = {
     **dict.fromkeys(("ratings_learned", "skipped", "throughput_per_s", "mean_throughput_per_s",
                      "prequential_rmse", "catalogue_items", "checkpoint",
                      "local_dp", "ratings", "steps", "train_kept", "stopped_by_budget",
-                     "sampling_rate", "planned_steps", "train_ratings", "test_ratings"),
+                     "train_ratings", "test_ratings"),
                     "ratings_learned"),
+    # post-processing of the training size's noised release (``privacy.budget``)
+    **dict.fromkeys(("released_train_size", "sampling_rate", "planned_steps"), "epoch_plan"),
     **dict.fromkeys(("model_bytes", "serving_bytes", "memory_bytes"), "model_bytes"),
     **dict.fromkeys(("uptime_s", "paused", "read_only", "checkpoint_age_s", "checkpoint_error",
                      "broker", "ready", "state"), "health"),

@@ -126,10 +126,11 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
                          target_epsilon: float | None = None) -> dict:
     """DP-SGD epochs with Poisson sampling: each noisy step takes every rating (rating unit) or
     every user with all of its capped ratings (user unit) independently with probability q,
-    q = batch_size / ratings, and there are round(1/q) steps per epoch. Every step is recorded
-    in ``ledger`` (a ``privacy.accounting.PrivacyLedger``) as it is taken; with ``budget`` the
-    training stops before the step that would spend more than it. With ``target_epsilon`` the
-    noise is first calibrated (dp-accounting) so that the whole plan costs exactly that."""
+    q = batch_size / N and round(1/q) steps per epoch, N the training size as released with
+    noise by the planner (``privacy.budget``: the exact N would leak through q). Every release is
+    recorded in ``ledger`` (a ``privacy.accounting.PrivacyLedger``) as it is made; with ``budget``
+    the training stops before the step that would spend more than it. With ``target_epsilon``
+    the noise is first calibrated (dp-accounting) so that the whole plan costs exactly that."""
     dp = model.dp
     if dp.unit == "user":
         train = cap_per_user(train, dp.user_cap)
@@ -139,15 +140,13 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
         population = len(groups)
     else:
         population = len(train)
-    q = min(1.0, dp.batch_size / max(len(train), 1))
-    per_epoch = max(1, int(round(1.0 / q)))
-    planned = epochs * per_epoch
     fallback = fallback_of(model)   # the private baseline and the DP choice, same ledger
-    dp, fixed = plan_private_epochs(fallback, dp, target_epsilon, ledger.delta if ledger else 1e-5,
-                                    q, planned, budget)
+    plan = plan_private_epochs(fallback, dp, target_epsilon, ledger.delta if ledger else 1e-5,
+                               len(train), epochs, budget)
+    dp, q, per_epoch, planned = plan.dp, plan.sampling_rate, plan.per_epoch, plan.steps
     if target_epsilon is not None:
         model.dp = dp
-    for entry in fixed if ledger is not None else ():
+    for entry in plan.fixed if ledger is not None else ():
         ledger.record(entry.noise_multiplier)
     z = dp.epoch_multiplier()
     allowed = planned
@@ -167,7 +166,7 @@ def train_private_epochs(model, train: Ratings, epochs: int, seed: int, ledger=N
         if after_epoch and (step + 1) % per_epoch == 0:
             after_epoch(step // per_epoch, learned)
     return {"ratings": learned, "steps": allowed, "planned_steps": planned, "sampling_rate": q,
-            "train_kept": len(train), "stopped_by_budget": allowed < planned,
+            "train_kept": len(train), "released_train_size": plan.size, "stopped_by_budget": allowed < planned,
             **({"fallback": fallback.fit_fallback(train.users, train.items, train.ratings)}
                if fallback is not None else {})}
 

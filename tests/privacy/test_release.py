@@ -25,7 +25,7 @@ from sketchrec.stream.service import LearningService
 ADMIN = "backend-token"
 TOKENS = UserTokens(b"release-test-key")
 DATA = SyntheticStream(1500, n_users=60, n_items=40, seed=4).all()
-EXACT = ("ratings", "steps", "train_kept", "sampling_rate", "planned_steps", "stopped_by_budget")
+EXACT = ("ratings", "steps", "train_kept", "stopped_by_budget")
 
 
 def _joint_service(n: int) -> JointService:
@@ -101,6 +101,9 @@ def test_the_covered_json_block_holds_no_exact_count():
     assert not set(EXACT) & covered.keys() and "operator" in covered["operator_state"]
     assert operator["train_kept"] == 1200 and operator["ratings"] > 0 and set(EXACT) <= operator.keys()
     assert covered["fallback"]["serving"]   # the DP choice (a noised release) stays covered
+    # the plan's figures are made from the training size's noised release, never from N
+    assert covered["released_train_size"] != 1200
+    assert covered["sampling_rate"] == 200 / covered["released_train_size"]
 
 
 @pytest.mark.parametrize("mode", [m for m in PrivacyMode if m.central])
