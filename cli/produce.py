@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ldp-epsilon", type=float, metavar="E",
                     help="local DP: perturb every rating with Bounded Laplace before it is sent")
     ap.add_argument("--rating-range", metavar="L,U", help="the rating range of --ldp-epsilon")
-    ap.add_argument("--seed", type=int, help="seed of the device-side noise (default: fresh entropy)")
+    ap.add_argument("--seed", type=int, help="refused: the device noise of --ldp-epsilon always comes "
+                    "from fresh secret entropy (a seeded noise gives back every raw rating)")
     return ap
 
 
@@ -43,6 +44,9 @@ def produce_main(argv: list[str] | None = None) -> int:
     if not args.path.is_file():
         print(f"sketchrec produce: no such file: {args.path}", file=sys.stderr)
         return 2
+    if args.seed is not None:   # whoever knows the seed regenerates the noise and reads every rating
+        ap.error("--seed: the device noise is never seeded (whoever knew the seed could subtract it "
+                 "and read every raw rating); drop --seed, the noise comes from fresh secret entropy")
     randomiser = None
     if args.ldp_epsilon is not None:
         from sketchrec.privacy.ldp import DeviceRandomiser
@@ -52,7 +56,7 @@ def produce_main(argv: list[str] | None = None) -> int:
             lo, hi = parse_range(args.rating_range)
         except SystemExit as exc:
             ap.error(str(exc))
-        randomiser = DeviceRandomiser(args.ldp_epsilon, lo, hi, seed=args.seed)
+        randomiser = DeviceRandomiser(args.ldp_epsilon, lo, hi)
     data, report = read_ratings(args.path)
     try:
         result = produce(order_for_topic(data), args.bootstrap, args.topic, args.batch, args.rate,

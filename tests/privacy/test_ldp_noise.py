@@ -76,3 +76,32 @@ def test_fresh_randomisers_draw_independent_noise():
     assert not np.array_equal(a, b)
     assert LDPSettings(2.0, 1.0, 5.0).randomiser().proven
     assert not DeviceRandomiser(2.0, 1.0, 5.0, seed=3).proven
+
+
+def _produced(monkeypatch, tmp_path, *extra) -> list:
+    """What `sketchrec produce --ldp-epsilon` would send (the broker replaced by a recorder)."""
+    from sketchrec.cli.produce import produce_main
+    from sketchrec.stream.kafka import producer
+    path = tmp_path / "u.data"
+    rng = np.random.default_rng(0)
+    path.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for t, (u, i, r) in enumerate(
+        zip(rng.integers(1, 50, 2000), rng.integers(1, 80, 2000), rng.integers(1, 6, 2000)))))
+    sent = []
+
+    def recording(data, bootstrap, topic, batch, rate, partitions, randomiser, **kw):
+        sent.append((data.ratings.copy(), randomiser.perturb(data.ratings), randomiser.proven))
+        return {"ratings": len(data), "messages": len(data), "seconds": 1.0, "ratings_per_s": 1.0}
+    monkeypatch.setattr(producer, "produce", recording)
+    assert produce_main([str(path), "--bootstrap", "x:1", "--topic", "t", "--ldp-epsilon", "2",
+                         "--rating-range", "1,5", *extra]) == 0
+    return sent[0]
+
+
+def test_produce_draws_fresh_device_noise_and_refuses_a_seed(monkeypatch, tmp_path, capsys):
+    (raw, first, proven), (_, second, _) = (_produced(monkeypatch, tmp_path) for _ in range(2))
+    assert proven and not np.array_equal(first, second)
+    for seed in (0, 1, 3):   # no seed regenerates what the devices sent
+        assert np.isnan(recover(first, np.unique(raw), seed)).all()
+    with pytest.raises(SystemExit) as stop:
+        _produced(monkeypatch, tmp_path, "--seed", "1")
+    assert stop.value.code == 2 and "never seeded" in capsys.readouterr().err
