@@ -154,9 +154,9 @@ def test_huber_movielens_quick(tmp_path):
 @pytest.mark.usefixtures("ml100k")
 def test_tuning_free_quick(tmp_path):
     # the defaults are <= the damped bias baseline and within 2% of the grid's best,
-    # on ML-100k and on the change-point stream
+    # on ML-100k, on the change-point stream and on streams where most users rate once
     result = _quick(tmp_path, "tuning-free")
-    assert set(result["streams"]) == {"change-point", "ml-100k"}
+    assert set(result["streams"]) == {"change-point", "ml-100k", "sparse 80% once", "sparse 95% once"}
     for stream in result["streams"].values():
         assert stream["defaults_le_bias"] and stream["defaults_within_2pct"], stream
     assert result["streams"]["ml-100k"]["defaults"] <= 0.950
