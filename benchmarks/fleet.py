@@ -74,7 +74,7 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
             held.append(set())
             threading.Thread(target=_follow_assignments, args=(procs[-1].stderr, held[-1]),
                              daemon=True).start()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300   # members on a cold kernel cache compile first (minutes, loaded)
         while not (all(held) and set().union(*held) == set(range(PARTITIONS))
                    and sum(map(len, held)) == PARTITIONS):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -137,6 +137,61 @@ def cpu_between(series: list[tuple[float, float]], start: float | None, end: flo
         return 0.0
     times, used = np.array(series, dtype=float).T
     return float(np.interp(end, times, used) - np.interp(start, times, used))
+
+
+def _ratios(report: dict, forms: list[str], sizes: list[int]) -> None:
+    """The figures that hold for every message form run: the larger of their values, per fleet size."""
+    for key in ("cpu_per_rating_ratio", "delta_bytes_per_rating"):
+        report[key] = {str(m): max(report[f]["members"][str(m)][key] for f in forms) for m in sizes if m > 1}
+
+
+def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
+    """Where a fleet's CPU goes, in one process without a broker: ``m`` replicas of one
+    recommender (``DeltaTracker``) learn the ratings of their users (user id mod ``m``, as a topic
+    keyed by user partitions them) ``every`` ratings at a time, take a delta and apply the others'
+    (decoding included), against one plain learner over the same ratings in chunks of
+    ``every``: CPU-microseconds per rating of each step, summed over the replicas, and their
+    ratio to the plain learner's. Fetching, JSON parsing and Kafka are left out (the same for a
+    plain learner and a member, per rating)."""
+    from sketchrec.models import SketchMF
+    from sketchrec.stream.fleet.tracker import DeltaTracker
+    from sketchrec.stream.recommender import Recommender
+
+    def recommender():
+        return Recommender(SketchMF(capacity=data.n_ids(), dim=dim), pair_capacity=4 * len(data))
+
+    def learn(rec, idx) -> None:
+        rec.learn_many(data.users[idx], data.items[idx], data.ratings[idx])
+
+    recommender().learn_many([1], [1], [3.0])   # kernels compiled outside the timings
+    plain, t0 = recommender(), time.process_time()
+    for start in range(0, len(data), every):
+        learn(plain, slice(start, start + every))
+    plain_s = time.process_time() - t0
+    recs = [recommender() for _ in range(m)]
+    trackers = [DeltaTracker(rec) for rec in recs]
+    parts = [np.flatnonzero(data.users % m == k) for k in range(m)]
+    spent, sent = {"learn": 0.0, "take": 0.0, "apply": 0.0}, 0
+    for start in range(0, max(map(len, parts)), every):
+        blobs = []
+        for rec, tracker, part in zip(recs, trackers, parts):
+            t0 = time.process_time()
+            learn(rec, part[start:start + every])
+            t1 = time.process_time()
+            blobs.append(tracker.take())
+            spent["learn"] += t1 - t0
+            spent["take"] += time.process_time() - t1
+            sent += len(blobs[-1] or b"")
+        t0 = time.process_time()
+        for k, tracker in enumerate(trackers):
+            for j, blob in enumerate(blobs):
+                if j != k and blob:
+                    tracker.apply(blob)
+        spent["apply"] += time.process_time() - t0
+    n = len(data)
+    out = {f"{step}_cpu_us_per_rating": s / n * 1e6 for step, s in spent.items()}
+    return {"members": m, "every": every, "plain_cpu_us_per_rating": plain_s / n * 1e6, **out,
+            "cpu_per_rating_ratio": sum(spent.values()) / plain_s, "delta_bytes_per_rating": sent / n}
 
 
 def _follow_assignments(stderr, held: set) -> None:
@@ -276,6 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="fleet sizes to run (default 1,2,4)")
     ap.add_argument("--forms", type=lambda v: v.split(","), default=["csv", "batched"],
                     help="message forms to run: csv (one rating per message), batched (--batch per message)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also the sync's CPU per step (learn, take, apply) in one process, no broker")
     ap.add_argument("--json", action="store_true",
                     help="the figures as one JSON line only (the progress lines go to stderr)")
     args = ap.parse_args(argv)
@@ -332,11 +389,16 @@ def measure(args: argparse.Namespace) -> dict:
         say(f"{form:18s} bare {bare:>9,.0f}/s (compiled reader {compiled:>9,.0f}/s)  plain {plain:>9,.0f}/s",
             flush=True)
     forms = [k for k in report if isinstance(report[k], dict) and "members" in report[k]]
-    # the figure that holds for both message forms: the larger ratio of the two, per fleet size
-    report["cpu_per_rating_ratio"] = {str(m): max(report[f]["members"][str(m)]["cpu_per_rating_ratio"]
-                                                  for f in forms) for m in args.members if m > 1}
-    report["delta_bytes_per_rating"] = {str(m): max(report[f]["members"][str(m)]["delta_bytes_per_rating"]
-                                                    for f in forms) for m in args.members if m > 1}
+    if forms:
+        _ratios(report, forms, args.members)
+    if args.breakdown:
+        from sketchrec.stream.fleet.member import DRIFT_RATINGS, SYNC_RATINGS
+        report["in_process"] = {}
+        for m in (m for m in args.members if m > 1):   # at the members' default interval
+            b = report["in_process"][str(m)] = sync_breakdown(data, m, max(SYNC_RATINGS, DRIFT_RATINGS // (m - 1)))
+            say(f"in one process, M={m} every {b['every']:,}: per rating learn {b['learn_cpu_us_per_rating']:.2f}, "
+                f"take {b['take_cpu_us_per_rating']:.2f}, apply {b['apply_cpu_us_per_rating']:.2f} CPU-us "
+                f"(plain {b['plain_cpu_us_per_rating']:.2f}): {b['cpu_per_rating_ratio']:.2f}x", flush=True)
     if not args.no_snapshot:
         report["snapshot"] = snap = snapshot_speed(args.bootstrap)
         say(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "

@@ -23,3 +23,17 @@ def test_cpu_seconds_counts_this_process_work_and_nothing_once_gone():
         pass
     assert cpu_seconds(os.getpid()) - before >= 0.2
     assert cpu_seconds(2 ** 22 + 7) is None   # beyond pid_max's default: no such process
+
+
+def test_the_in_process_breakdown_counts_every_step_of_the_sync():
+    from sketchrec.benchmarks.fleet import sync_breakdown
+    from sketchrec.data import SyntheticStream
+    data = SyntheticStream(6000, n_users=200, n_items=100, seed=0).all()
+    b = sync_breakdown(data, 2, 1000, dim=8)
+    assert b["members"] == 2 and b["every"] == 1000
+    assert min(b["learn_cpu_us_per_rating"], b["take_cpu_us_per_rating"], b["apply_cpu_us_per_rating"],
+               b["plain_cpu_us_per_rating"]) > 0
+    # the ratio is the replicas' learning and syncing over the plain learner's learning
+    total = b["learn_cpu_us_per_rating"] + b["take_cpu_us_per_rating"] + b["apply_cpu_us_per_rating"]
+    assert b["cpu_per_rating_ratio"] == pytest.approx(total / b["plain_cpu_us_per_rating"])
+    assert b["delta_bytes_per_rating"] > 0
