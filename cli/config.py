@@ -305,7 +305,6 @@ def writable_dir(prog: str, option: str, directory: Path, named: Path | None = N
 
 
 def writable_file(prog: str, option: str, path: Path) -> None:
-    """``writable_dir`` of the file's directory, and the file itself writable."""
     writable_dir(prog, option, path.parent, path)
     if path.is_dir() or path.exists() and not os.access(path, os.W_OK):
         refuse(prog, [f"{option} {path}: " + ("a directory, not a file" if path.is_dir()
@@ -315,16 +314,17 @@ def writable_file(prog: str, option: str, path: Path) -> None:
 def replay_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     """replay's options that apply to one protocol or one source only (``refuse_inapplicable``)."""
     holdout, synthetic = args.holdout is not None, not args.path
-    monitor = "belongs to the streaming monitor of the prequential protocol (a holdout run reports its train/test KLD)"
+    monitor = "belongs to the prequential protocol's streaming monitor (a holdout run reports a train/test KLD)"
     return [("--speed", holdout, "paces the prequential stream; the holdout protocol trains epochs: leave out one"),
+            ("--epochs", not holdout, "belongs to the holdout protocol (--holdout F); a prequential replay is one pass"),
             ("--order", holdout, "orders the prequential stream; the holdout protocol draws a seeded split and "
              "shuffles every epoch: leave out one"),
             *((flag, holdout, monitor) for flag in ("--kld-window", "--kld-alert")),
             *((flag, not synthetic, "is a property of the synthetic stream; leave out PATH")
               for flag in ("--synthetic-ratings", "--synthetic-users", "--synthetic-items", "--synthetic-noise")),
             *((flag, synthetic, "describes a ratings file; give PATH") for flag in ("--columns", "--sep")),
-            *((flag, args.ldp_epsilon is None, "describes the mechanism of --ldp-epsilon; give it too")
-              for flag in ("--ldp-range", "--ldp-debias"))]
+            *((flag, args.ldp_epsilon is None, "describes --ldp-epsilon's mechanism; give it too") for flag in
+              ("--ldp-range", "--ldp-debias"))]
 
 
 @dataclass(frozen=True)

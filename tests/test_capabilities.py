@@ -24,7 +24,7 @@ from sketchrec.models.capabilities import AXES, KINDS, Ask, cell, kind_of, refus
 from sketchrec.privacy.mode import PrivacyMode
 
 SYNTHETIC = ["--synthetic-ratings", "600", "--synthetic-users", "40", "--synthetic-items", "30"]
-SYNTH = [*SYNTHETIC, "--seed", "1", "--capacity", "200", "--batch-size", "200", "--epochs", "2", "--quiet", "--json",
+SYNTH = [*SYNTHETIC, "--seed", "1", "--capacity", "200", "--batch-size", "200", "--quiet", "--json",
          "--no-monitor"]
 KIND_ARGS = {"mix": ["--model", "mix"], "sketch": ["--model", "sketch"], "dense": ["--model", "dense"],
              "river": ["--model", "river"], "bias": ["--model", "bias"],
@@ -77,7 +77,8 @@ def ask(kind: str, axis: str, value: str, tmp: Path) -> tuple[str, list[str]]:
                            "--no-monitor", *where, *stream]
     path = [str(small_file(tmp))] if axis == "input" and value == "file" else []
     common = SYNTH[len(SYNTHETIC):] if path else SYNTH   # a file refuses the synthetic stream's options
-    return "replay", _dedupe([*path, *common, *base, *extra])
+    epochs = ["--epochs", "2"] if "--holdout" in [*base, *extra] else []   # a holdout option only
+    return "replay", _dedupe([*path, *common, *epochs, *base, *extra])
 
 
 def small_file(tmp: Path) -> Path:

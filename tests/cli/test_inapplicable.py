@@ -13,6 +13,7 @@ FILE = "ratings.data"   # a file that need not exist: the refusal comes before i
 
 REFUSED = [
     (["--holdout", "0.2", "--speed", "10"], "--speed", "holdout"),
+    (["--epochs", "3"], "--epochs", "--holdout"),
     (["--holdout", "0.2", "--order", "file"], "--order", "holdout"),
     (["--holdout", "0.2", "--kld-window", "500"], "--kld-window", "prequential"),
     (["--holdout", "0.2", "--kld-alert", "0.1"], "--kld-alert", "prequential"),
