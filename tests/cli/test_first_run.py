@@ -23,18 +23,21 @@ def _signatures() -> dict[str, int]:
     return found
 
 
-@pytest.mark.parametrize("options", [[], ["--model", "sketch"], ["--model", "dense"]])
+@pytest.mark.parametrize("options", [[], ["--model", "sketch"], ["--model", "dense"],
+                                     ["--holdout", "0.2", "--epochs", "2"],
+                                     ["--holdout", "0.2", "--epochs", "2", "--model", "sketch"]])
 def test_no_kernel_is_compiled_inside_the_timed_loop(monkeypatch, options):
     import sketchrec.replay.protocols as protocols
     seen = {}
-    timed = protocols.prequential
+    protocol = "holdout" if "--holdout" in options else "prequential"
+    timed = getattr(protocols, protocol)
 
     def watched(*args, **kwargs):
         seen["before"] = _signatures()
         out = timed(*args, **kwargs)
         seen["after"] = _signatures()
         return out
-    monkeypatch.setattr(protocols, "prequential", watched)
+    monkeypatch.setattr(protocols, protocol, watched)
     args = build_parser("replay").parse_args(["--synthetic-ratings", "3000", "--synthetic-users", "100",
                                               "--synthetic-items", "50", "--quiet", *options])
     execute(prepare(ReplayConfig.from_args(args, "replay")))
