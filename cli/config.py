@@ -250,6 +250,7 @@ class ServingSettings:
     access: str | bool = "auto"             # create_app's ``access``: "auto", True or False
     workers: int | None = None              # --workers; None: one per core
     worker_nice: int = 0                    # --worker-nice
+    items: Path | None = None               # --items: titles on the served answers
 
     @property
     def explicit_workers(self) -> str | None:
@@ -259,8 +260,12 @@ class ServingSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServingSettings":
+        items = getattr(args, "items", None)
+        if items and not args.serve:   # titles are for the served answers only
+            refuse("sketchrec", ["--items names the titles of the served answers; give --serve with it"])
         return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token,
-                   args.checkpoint, ACCESS[args.access_control], args.workers, args.worker_nice)
+                   args.checkpoint, ACCESS[args.access_control], args.workers, args.worker_nice,
+                   Path(items) if items else None)
 
 
 @dataclass(frozen=True)

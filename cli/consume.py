@@ -11,6 +11,7 @@ from sketchrec.cli.config import (JOINT, DPSettings, ModelSettings, MonitorSetti
                                   check, features_of, refuse)
 from sketchrec.cli.options import Parser, add_model_args, add_model_kind_arg, add_monitor_args, add_serving_args
 from sketchrec.models.capabilities import Ask
+from sketchrec.cli.feedback import topic_feedback
 from sketchrec.cli.serve import on_stop_signal, start_server
 from sketchrec.stream.health import BROKER_LOST_AFTER
 
@@ -212,6 +213,8 @@ def consume_main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {service}", file=sys.stderr)
         return 2
     service.health.broker_lost_after = config.broker_lost_after
+    # POST /ratings: produced to the topic, learned when consumed (exactly once, as every rating)
+    service.feedback = topic_feedback(config.bootstrap, config.topic, config.rating_range)
     # a DP model (new, or as its checkpoint was built) accounts this pass before learning from
     # it, and the pass is made durable first: a crash can never lose it from the ledger
     if not service.begin_private_pass(config.dp.unit, config.dp.delta, config.dp.budget):

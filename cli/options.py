@@ -16,6 +16,7 @@ from sketchrec.models.capabilities import DEFAULT_KIND, KINDS, PRIVATE_KIND
 from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS, MIX_FACTOR_MEMBER
 from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
 from sketchrec.privacy.admin_token import add_admin_token_args
+from sketchrec.cli.feedback import add_items_arg
 
 
 class Refused(SystemExit):
@@ -274,6 +275,7 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
                     help="checkpoint directory (replay: written at the end and on POST /checkpoint)")
     add_access_args(ap)
     add_workers_arg(ap, nice=LEARNING_NICE)
+    add_items_arg(ap)
 
 
 # readers of a learning service yield a little to the learner: on 2 cores, at niceness 2 learning

@@ -19,6 +19,7 @@ from sketchrec.cli.options import (Parser, add_evaluation_args, add_model_args, 
                                           add_monitor_args, add_serving_args, nonnegative_int, positive_float, positive_int, rating_range,
                                           speed, unit_fraction, value_range)
 from sketchrec.cli.fetch import resolve_data
+from sketchrec.cli.feedback import replay_feedback
 from sketchrec.cli.serve import serve_until_interrupted, start_server
 from sketchrec.cli.source import Source, add_data_args, open_source, path_problem, scale_free
 
@@ -101,6 +102,8 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
             result, server = _joint(config)
         else:
             run = prepare(config, prog)
+            if run.service is not None:   # POST /ratings: this run's way to take them
+                run.service.feedback = replay_feedback(run)
             server = start_server(run.service, config.serving) if config.serving.listen else None
             result = execute(run)
     except KeyboardInterrupt:

@@ -18,6 +18,7 @@ from typing import Callable
 
 from sketchrec.privacy.admin_token import add_admin_token_args
 from sketchrec.cli.config import ServingSettings
+from sketchrec.cli.feedback import add_items_arg
 from sketchrec.models.capabilities import DEFAULT_KIND
 from sketchrec.cli.options import ACCESS, add_access_args, add_workers_arg, parse_host_port
 from sketchrec.stream.serving.server import ServerThread
@@ -39,8 +40,10 @@ def start_server(service, serving: ServingSettings, reload_every: float | None =
     model in shared memory (``stream.serving.workers``), else a server thread in this process.
     SystemExit(2) with one line when the address cannot be bound; SystemExit(0) on SIGINT/SIGTERM
     while the workers start (they are stopped)."""
+    from sketchrec.cli.feedback import load_titles
     from sketchrec.stream.serving.http import access_for, loopback
     from sketchrec.stream.serving.server import PortInUse
+    load_titles(service, serving.items)
     host = serving.listen[0]
     access = access_for(serving.access, host)
     try:
@@ -119,9 +122,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     add_workers_arg(ap)
     add_admin_token_args(ap)
     add_access_args(ap)
+    add_items_arg(ap)
     args = ap.parse_args(argv)
     serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
-                              ACCESS[args.access_control], args.workers, args.worker_nice)
+                              ACCESS[args.access_control], args.workers, args.worker_nice,
+                              Path(args.items) if args.items else None)
     if args.bootstrap is not None:
         if not args.topic:
             ap.error("--bootstrap needs --topic (the fleet's input topic)")

@@ -247,6 +247,25 @@ PAIR_LIMITS: dict[tuple[str, str], dict[tuple[str, str], Cell]] = {
     ("serving", "fleet-replica"): {("serving", "workers"): _FLEET_WORKERS},
 }
 
+# POST /ratings (``stream.feedback``): how each kind of serving service takes a rating posted over
+# HTTP, by the route its command gave it ("direct": learned at once; "kafka": produced to the topic
+# it consumes, learned when consumed)
+_READ_ONLY = no("this service serves a model read-only and learns nothing",
+                "send ratings to the learning service (`replay --serve`, `consume --serve`) or "
+                "produce them to its topic (`sketchrec produce`)")
+FEEDBACK: dict[str, Cell] = {
+    "direct": YES, "kafka": YES,
+    "read-only": _READ_ONLY,
+    "epoch-dp": no("an epoch-planned DP-SGD run (--holdout) accounts sampled steps over its fixed "
+                   "split; a posted rating's step cannot be composed into that ledger",
+                   "take ratings on a stream pass: `replay` without --holdout, or `consume --serve`"),
+    "holdout": no("--holdout trains epochs on a fixed split; a posted rating would be learned "
+                  "outside it", "take ratings on a stream: `replay` without --holdout, or `consume --serve`"),
+    "readers": no("reader processes answer queries; they do not learn",
+                  "serve with --workers 1 to take ratings over HTTP, or produce them to the topic"),
+}
+
+
 # a feature a privacy mode forbids, in words
 _FEATURE_NAMES = {"heavy_slots": "a heavy-hitter filter (which ids hold a slot is decided by the data)",
                   "implicit": "the implicit term (--implicit)", "adagrad": "AdaGrad steps",

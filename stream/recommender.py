@@ -95,6 +95,9 @@ class Recommender:
         if served_ranking:   # its first count-min read loads a kernel: not a rebuild's cost
             self.popularity.sketch.estimate_many(np.zeros(1, dtype=np.uint64))
         self._snapshot_lock = threading.Lock()
+        # one batch learned at a time: the stream's thread and ratings posted over HTTP
+        # (stream.feedback) may both learn, and the kernels release the GIL
+        self._learn_lock = threading.Lock()
         self.learning = threading.Event()
         self.learning.set()  # cleared = paused
 
@@ -114,6 +117,10 @@ class Recommender:
 
     def _learn(self, users, items, ratings, epoch: int, private: bool) -> np.ndarray:
         self.learning.wait()
+        with self._learn_lock:
+            return self._learn_batch(users, items, ratings, epoch, private)
+
+    def _learn_batch(self, users, items, ratings, epoch: int, private: bool) -> np.ndarray:
         for prepare in self.before_learning:
             prepare()
         users, items = np.asarray(users), np.asarray(items)

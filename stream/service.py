@@ -67,6 +67,9 @@ class LearningService:
         self.origin = {"perturbed_on_device": 0, "raw": 0, "mechanism": None}  # local DP (headers)
         self.debias_ldp = debias_ldp
         self.health = Health()
+        # POST /ratings: how posted ratings are taken (stream.feedback; None: learned directly)
+        self.feedback = None
+        self.titles = None   # --items: item titles on the answers (stream.titles.Titles)
         self._lock = threading.Lock()
         self._rate = (time.perf_counter(), 0)  # for ratings/s between two reads of stats
         if restored is not None:

@@ -87,6 +87,7 @@ class FastQueries:
     def __init__(self, service_ref: Callable, allowed: Callable[[str, str | None, str | None], bool],
                  tokens_on: bool):
         self.service_ref, self.allowed, self.tokens_on = service_ref, allowed, tokens_on
+        self.titled = False   # /recommend answers carry titles (--items): the app answers them
 
     def __call__(self, scope: dict) -> bytes | None:
         route = scope["path"]
@@ -109,7 +110,7 @@ class FastQueries:
             rating = service.recommender.predict(user, item)
             return orjson.dumps({"user": user, "item": item, "rating": rating})
         k = plain_k(params.get("k"))
-        if k is None:
+        if k is None or self.titled:
             return None
         items, source = service.recommender.recommend(user, k)
         if source == "popular":

@@ -40,6 +40,7 @@ from sketchrec.privacy.release import access_control_default, release, service_m
 from sketchrec.privacy.report import operator_figures
 from sketchrec.stream.serving.dashboard import dashboard_router
 from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp, public_ranking
+from sketchrec.stream.serving.feedback import add_feedback_routes, titled
 from sketchrec.stream.service import LearningService
 
 MAX_ECHO = 80   # characters of a rejected input a 422 shows (never a 100 KB input back)
@@ -56,6 +57,7 @@ class Prediction(BaseModel):
 class ScoredItem(BaseModel):
     item: str | int
     score: float
+    title: str | None = None   # with --items: the item's title (left out when none)
 
 
 class Recommendations(BaseModel):
@@ -216,6 +218,9 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
     # the hot paths, answered before the framework when they certainly succeed (serving.fastpath)
     app.fast = FastQueries(lambda: app.state.service, allowed, tokens is not None)
     app.latency = latency
+    app.state.titles = getattr(service, "titles", None)   # --items: titles on the answers
+    app.fast.titled = app.state.titles is not None
+    add_feedback_routes(app, tokens, is_admin, bearer)   # POST /ratings, GET /similar
 
     # an id must hold a non-blank character, as in the stream (pattern: a search, not a full match)
     ids = dict(min_length=1, max_length=MAX_ID, pattern=r"\S")
@@ -228,7 +233,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         authorise(user, authorization, token)
         return Prediction(user=user, item=item, rating=app.state.service.recommender.predict(user, item))
 
-    @app.get("/recommend", response_model=Recommendations,
+    @app.get("/recommend", response_model=Recommendations, response_model_exclude_none=True,
              summary="Top-k items the user has not rated, best first")
     def recommend(user: str = Query(..., **ids), k: int = Query(10, ge=1, le=MAX_K),
                   token: str | None = Query(**cred),
@@ -238,7 +243,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         if source == "popular":   # a user the model has not seen: positions, not counts
             items = public_ranking(items)
         return Recommendations(user=user, source="ranked" if tokens else source,
-                               items=[ScoredItem(item=i, score=s) for i, s in items])
+                               items=[ScoredItem(**entry) for entry in titled(app.state.titles, items)])
 
     @app.get("/privacy", summary="The privacy guarantee of the training mode and the monitor's figures")
     def privacy_figures() -> dict:

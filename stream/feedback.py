@@ -1,0 +1,190 @@
+"""Ratings posted over HTTP (``POST /ratings``): read like a message of the topic, then taken by
+the service's one way in.
+
+- ``read_posted`` reads a request body with the topic's own parser (``kafka.messages``: JSON, one
+  rating object or a list), so a posted rating is accepted or set aside for the same named reasons
+  as a consumed one; it never raises on the body's content.
+- ``KafkaFeedback`` (a service that consumes a topic: ``consume``) produces the good ratings to
+  that topic in the codec its consumer reads, keyed by user as ``sketchrec produce`` keys them, and
+  answers once the broker acknowledged them: they are learned when consumed, exactly once in
+  state like every other rating of the topic (dead letters, checkpoints, the DP pass included).
+- ``DirectFeedback`` (``replay --serve``) learns them at once through the service's recommender,
+  the path every replayed rating takes: a DP-SGD model's noisy steps, user cap and private
+  fallback. The ratings posted to a service form a stream of their own, so in a DP-SGD mode their
+  pass is charged to the service's ledger (``LearningService.begin_private_pass``, as ``consume``
+  charges its pass) before the first of them is learned; when that pass does not fit the budget
+  they are refused and counted.
+- ``Refusal``: what cannot take ratings says why, in the capability table's line
+  (``models.capabilities.FEEDBACK``): a read-only replica, an epoch-planned DP run.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from sketchrec.models.capabilities import FEEDBACK
+from sketchrec.stream.kafka.intake import finite_errors, ids
+from sketchrec.stream.kafka.messages import Parsed, encode_batch, parse_message
+
+MAX_POSTED = 10_000        # ratings one request may hold
+MAX_BODY = 2 << 20         # bytes of one request body
+ACK_TIMEOUT_S = 15.0       # how long a produced batch may wait for the broker's acknowledgement
+BUDGET_SPENT = "privacy budget spent"
+
+
+class FeedbackRefused(Exception):
+    """Ratings the service does not take now: an HTTP ``status`` and one line saying why."""
+
+    def __init__(self, status: int, line: str):
+        super().__init__(line)
+        self.status, self.line = status, line
+
+
+def read_posted(body: bytes, rating_range: tuple[float, float] | None = None) -> Parsed:
+    """The ratings of a request body (JSON: one rating object or a list of them) and its rejected
+    parts as (index, reason, text), by the topic's own rules. A body that is not JSON is rejected
+    whole (a topic also takes CSV lines; an HTTP client sends JSON).
+
+    >>> read_posted(b'[{"user": 1, "item": 2, "rating": 4}, {"user": 1, "item": 2, "rating": 9}]', (0.5, 5)).rejected
+    [(1, 'rating out of range', '{"user": 1, "item": 2, "rating": 9}')]
+    >>> read_posted(b"1,2,4").rejected[0][1]
+    'not JSON (send a rating object or a list of them)'
+    """
+    if not body.lstrip()[:1] in (b"[", b"{"):
+        return Parsed(rejected=[(0, "not JSON (send a rating object or a list of them)", "")])
+    return parse_message(body, rating_range)
+
+
+def columns(rows: list[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """users, items, ratings of parsed (user, item, rating, timestamp) rows, ids typed as the
+    consumer types them (``kafka.intake.ids``)."""
+    return (ids([r[0] for r in rows]), ids([r[1] for r in rows]),
+            np.array([r[2] for r in rows], dtype=np.float64))
+
+
+@dataclass
+class Refusal:
+    """A service that takes no ratings over HTTP: ``route`` names its ``FEEDBACK`` cell."""
+
+    route: str
+    rating_range: tuple[float, float] | None = None
+
+    def take(self, rows: list[tuple]) -> dict:
+        raise FeedbackRefused(409, FEEDBACK[self.route].line())
+
+
+class DirectFeedback:
+    """Learns posted ratings through ``service.recommender`` (see the module docstring).
+
+    Parameters
+    ----------
+    service: the ``LearningService`` whose model learns them.
+    rating_range: ratings outside it are set aside (None: any finite rating).
+    unit, delta, budget: a DP-SGD service's privacy unit, delta and epsilon budget, for the pass
+        of the posted ratings.
+
+    Examples
+    --------
+    >>> from sketchrec.models import SketchMF
+    >>> from sketchrec.stream.recommender import Recommender
+    >>> from sketchrec.stream.service import LearningService
+    >>> service = LearningService(Recommender(SketchMF(dim=4, capacity=100)))
+    >>> DirectFeedback(service).take([("ann", "up", 4.0, 0)]), service.ratings_learned
+    ({'learned': 1}, 1)
+    """
+
+    route = "direct"
+
+    def __init__(self, service, rating_range: tuple[float, float] | None = None,
+                 unit: str = "rating", delta: float = 1e-5, budget: float | None = None):
+        self.service, self.rating_range = service, rating_range
+        self.unit, self.delta, self.budget = unit, delta, budget
+        self._pass_begun = False
+        self._lock = threading.Lock()
+
+    def take(self, rows: list[tuple]) -> dict:
+        service = self.service
+        if not service.recommender.learning.is_set():   # learning would wait for /resume
+            raise FeedbackRefused(503, "learning is paused (POST /resume); nothing was learned")
+        users, items, ratings = columns(rows)
+        with self._lock:
+            if not self._pass_begun:
+                self._begin_pass()
+            if service.budget_stopped:
+                service.record_skipped({BUDGET_SPENT: len(rows)})
+                raise FeedbackRefused(409, "the privacy budget is spent: one more pass of posted "
+                                      "ratings would exceed it; nothing was learned")
+            predictions = service.recommender.learn_many(users, items, ratings)
+            service.errors.add(*finite_errors(predictions, ratings))
+        return {"learned": len(rows)}
+
+    def _begin_pass(self) -> None:
+        """Charge the posted ratings' pass to the ledger (a DP-SGD model; else nothing), made
+        durable first when the service checkpoints, as ``consume`` does with its pass."""
+        service = self.service
+        self._pass_begun = True
+        if service.begin_private_pass(self.unit, self.delta, self.budget) \
+                and service.ledger is not None and service.checkpoints is not None:
+            service.checkpoint()
+
+
+class KafkaFeedback:
+    """Produces posted ratings to the topic a service consumes (see the module docstring).
+
+    Parameters
+    ----------
+    bootstrap, topic: the broker and the topic the service's consumer reads.
+    rating_range: ratings outside it are set aside before they are sent (the consumer's range).
+
+    Examples
+    --------
+    >>> KafkaFeedback("127.0.0.1:9092", "ratings").route
+    'kafka'
+    """
+
+    route = "kafka"
+
+    def __init__(self, bootstrap: str, topic: str, rating_range: tuple[float, float] | None = None):
+        self.bootstrap, self.topic, self.rating_range = bootstrap, topic, rating_range
+        self._producer = None
+        self._lock = threading.Lock()
+
+    def _open(self):
+        with self._lock:
+            if self._producer is None:
+                from kafka import KafkaProducer
+
+                from sketchrec.stream.kafka.consumer import kafka_config
+                self._producer = KafkaProducer(**kafka_config(self.bootstrap), acks="all", linger_ms=0)
+            return self._producer
+
+    def take(self, rows: list[tuple]) -> dict:
+        from kafka.errors import KafkaError
+        by_user: dict = {}
+        for row in rows:   # one user's ratings stay in order on one partition
+            by_user.setdefault(str(row[0]).encode(), []).append(row)
+        acknowledged, failed = 0, None
+        try:
+            producer = self._open()
+            sent = [(producer.send(self.topic, key=key, value=encode_batch(group)), len(group))
+                    for key, group in by_user.items()]
+        except KafkaError as exc:
+            sent, failed = [], exc
+        for future, n in sent:   # every user's batch is waited for: the answer counts them all
+            try:
+                future.get(timeout=ACK_TIMEOUT_S)
+                acknowledged += n
+            except KafkaError as exc:
+                failed = exc
+        if failed is not None:
+            raise FeedbackRefused(503, f"the broker acknowledged {acknowledged} of {len(rows)} ratings "
+                                  f"({type(failed).__name__}); those are learned once, send the "
+                                  "others again")
+        return {"produced": len(rows), "topic": self.topic}
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(timeout=5)
