@@ -127,10 +127,19 @@ class RatingFile:
                 good[rows] = False
                 self._reject(reason, np.c_[where[rows], rows], block.texts)
             lines = np.c_[where[good], np.flatnonzero(good)]
-            yield Ratings(block.users, block.items, block.ratings, block.timestamps), lines, block.texts
+            # writable columns: arrow's zero-copy arrays are read-only, and to numba a read-only
+            # array is another type, so a block streamed to a learner as it is (--order file)
+            # would compile every kernel a second time, inside the learning loop
+            columns = [writable(c) for c in (block.users, block.items, block.ratings, block.timestamps)]
+            yield Ratings(*columns), lines, block.texts
         for line in dropped[dropped_seen:]:
             self.report.lines += 1
             self.report.reject(int(line), "control character", "")
+
+
+def writable(column: np.ndarray) -> np.ndarray:
+    """``column``, copied only when it is read-only."""
+    return np.require(column, requirements="W")
 
 
 def _reindexed(layout):
