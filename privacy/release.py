@@ -33,7 +33,10 @@ FIELDS: dict[str, str] = {
                     "ratings_learned"),
     # post-processing of the training size's noised release (``privacy.budget``)
     **dict.fromkeys(("released_train_size", "sampling_rate", "planned_steps"), "epoch_plan"),
-    **dict.fromkeys(("model_bytes", "serving_bytes", "memory_bytes"), "model_bytes"),
+    **dict.fromkeys(("model_bytes", "serving_bytes", "memory_bytes", "part_bytes"), "model_bytes"),
+    # a checkpoint's or snapshot's header (``public_manifest``): its number and time, its class
+    **dict.fromkeys(("seq", "written_at"), "health"),
+    "model_class": "model_shape",
     **dict.fromkeys(("uptime_s", "paused", "read_only", "checkpoint_age_s", "checkpoint_error",
                      "broker", "ready", "state"), "health"),
     # exact errors of the served model and of the private mean: operator state in DP
@@ -84,6 +87,26 @@ def release(mode: PrivacyMode, values: dict) -> dict:
     if withheld:
         out.setdefault("operator_state", OPERATOR)
     return out
+
+
+def public_manifest(mode: PrivacyMode, meta: dict, part_bytes: dict[str, int]) -> dict:
+    """The public part of a checkpoint or a fleet snapshot: its metadata (``meta``) and the sizes
+    of its parts, released like any other surface, with the epsilon its privacy ledger has spent
+    in place of the ledger (whose entries count a stream's chunks: its length). The file itself is
+    operator state; this is what may be shown about it (a listing, a snapshot's announcement).
+
+    >>> meta = {"seq": 3, "model_class": "SketchMF", "ratings_learned": 9, "offsets": {"0": 9}}
+    >>> public_manifest(PrivacyMode.DP_SGD_RATING, meta, {"cells": 800})["model_class"]
+    'SketchMF'
+    >>> sorted(public_manifest(PrivacyMode.NONE, meta, {"cells": 800}))[:3]
+    ['model_class', 'offsets', 'part_bytes']
+    """
+    values = {key: value for key, value in meta.items() if key != "privacy_ledger"}
+    if meta.get("privacy_ledger"):
+        from sketchrec.privacy.accounting import PrivacyLedger
+        ledger = PrivacyLedger.from_dict(meta["privacy_ledger"])
+        values.update(epsilon=ledger.epsilon(), delta=ledger.delta)
+    return release(mode, {**values, "part_bytes": dict(part_bytes)})
 
 
 def operator_part(mode: PrivacyMode, values: dict) -> dict:

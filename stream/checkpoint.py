@@ -38,6 +38,7 @@ from pathlib import Path
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.ledger import LedgerIntegrityError, reconcile, seal
 from sketchrec.privacy.ledger import extends as _extends
+from sketchrec.privacy.release import public_manifest
 # a model's operator parts: saved files (models.api) and checkpoints store the same ones
 from sketchrec.models.api import operator_parts, restore_operator_parts  # noqa: F401
 
@@ -57,6 +58,11 @@ class Checkpoint:
     meta: dict
     parts: dict[str, bytes]
     path: Path
+
+    def public(self, mode) -> dict:
+        """What may be shown of this checkpoint in privacy mode ``mode`` (``privacy.mode``): its
+        metadata and part sizes through the release boundary (``privacy.release.public_manifest``)."""
+        return public_manifest(mode, self.meta, {name: len(blob) for name, blob in self.parts.items()})
 
 
 def _digest(seq: int, meta: dict, parts: list, body: bytes) -> str:

@@ -124,3 +124,44 @@ def test_every_learner_declares_its_mode():
     joint = PrivateALS(JointDPConfig(unit="rating"), np.arange(3))
     assert joint.privacy_mode is PrivacyMode.JOINT_RATING
     assert _dp_service(0.0).privacy_mode is PrivacyMode.DP_SGD_RATING
+
+
+def _checkpoint_manifest(tmp_path, data, monkeypatch) -> dict:
+    """A DP service's checkpoint, as its public part shows it (the clock fixed)."""
+    from sketchrec.stream import checkpoint as checkpoint_module
+    from sketchrec.stream.checkpoint import CheckpointStore
+    from sketchrec.privacy.release import service_mode
+    monkeypatch.setattr(checkpoint_module, "time", type("Clock", (), {"time": staticmethod(lambda: 1e9)}))
+    model = with_fallback(SketchMF(dim=4, width=512, seed=1, dp=DPConfig(2.0, batch_size=200)), 64)
+    service = LearningService(Recommender(model, pair_capacity=5000, seed=1),
+                              CheckpointStore(tmp_path / str(len(list(tmp_path.iterdir())))))
+    service.begin_private_pass("rating", 1e-5, None)
+    service.recommender.learn_many(data.users, data.items, data.ratings)
+    service.checkpoint()
+    return service.checkpoints.latest().public(service_mode(service))
+
+
+def _replaced(data):
+    """``data`` with one rating's value replaced (replace-one, same position)."""
+    ratings = data.ratings.copy()
+    ratings[7] = 1.0 if ratings[7] > 3 else 5.0
+    return type(data)(data.users, data.items, ratings, data.timestamps)
+
+
+def test_the_public_part_of_a_dp_checkpoint_is_released_values_only(tmp_path, monkeypatch):
+    """Replace one rating: the checkpoint's public part (metadata, part sizes) is the same; its
+    exact counts, offsets and part sizes are not in it, the spent epsilon is."""
+    a = _checkpoint_manifest(tmp_path, DATA, monkeypatch)
+    b = _checkpoint_manifest(tmp_path, _replaced(DATA), monkeypatch)
+    assert a == b and a["epsilon"] > 0 and a["model_class"] == "DPSGDFallback"
+    assert not {"ratings_learned", "offsets", "skipped", "part_bytes", "privacy_ledger"} & a.keys()
+
+
+def test_a_checkpoint_shown_without_the_boundary_leaks_the_rating(tmp_path, monkeypatch):
+    """The deliberately broken variant: the header shown as stored (no release) differs with one
+    replaced rating (the prequential errors), and shows the exact count."""
+    from sketchrec.privacy import release as release_module
+    monkeypatch.setattr(release_module, "release", lambda mode, values: dict(values))
+    a = _checkpoint_manifest(tmp_path, DATA, monkeypatch)
+    b = _checkpoint_manifest(tmp_path, _replaced(DATA), monkeypatch)
+    assert a != b and a["ratings_learned"] == len(DATA)

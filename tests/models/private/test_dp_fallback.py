@@ -14,7 +14,8 @@ from sketchrec.models.private.fallback import BASELINE, DPSGDFallback
 from sketchrec.models.sketch_mf import SketchMF
 from sketchrec.privacy.accounting import GaussianSteps, PrivacyLedger, epsilon_of
 from sketchrec.privacy.audit import epsilon_lower_bound
-from sketchrec.privacy.joint_dp import (CHOICE_CLIP, FALLBACK_SHARE, fallback_budget, fallback_steps,
+from sketchrec.privacy.budget import SIZE_SHARE
+from sketchrec.privacy.joint_dp import (CHOICE_CLIP, FALLBACK_SHARE, FALLBACK_SHARES, fallback_budget, fallback_steps,
                                         keeps_factors, noisy_choice, stage_noise)
 from sketchrec.replay.protocols import train_private_epochs
 
@@ -27,9 +28,12 @@ def _wrapped(unit="rating", noise=1.0, **dp) -> DPSGDFallback:
 
 
 def _true_cost(model: DPSGDFallback, ledger: PrivacyLedger) -> float:
-    """What the run really spent: every DP-SGD step plus the fallback's three releases."""
+    """What the run really spent: every DP-SGD step, the training size's release the plan reads
+    (``privacy.budget``) and the fallback's three releases (all shares of one z_total)."""
     steps = [s for s in ledger.steps if s.sampling_rate < 1]
-    return epsilon_of(steps + fallback_steps(model.budget), ledger.delta)
+    z_total = model.budget.mean * math.sqrt(FALLBACK_SHARES["mean"])
+    size = GaussianSteps(z_total / math.sqrt(SIZE_SHARE))
+    return epsilon_of(steps + [size] + fallback_steps(model.budget), ledger.delta)
 
 
 def test_holdout_charges_the_baseline_and_the_choice_in_the_same_ledger(monkeypatch):
