@@ -85,12 +85,18 @@ class Health:
     def watch_broker(self) -> None:
         self.watching, self.last_poll = True, time.monotonic()
 
-    def polled(self, connected: bool) -> None:
+    def held(self) -> None:
+        """Learning is paused (over HTTP): messages may wait, that is no stall."""
+        self._progress = self.stalled_since = None
+
+    def polled(self, connected: bool, why: str = "no broker connection", since: float | None = None) -> None:
+        """After a poll: whether a broker answers (``kafka.contact``); if not, ``why`` and since
+        when (monotonic; default: now, or the outage's start if one is under way)."""
         self.last_poll = time.monotonic()
         if connected:
             self.connected, self.lost_since = True, None
-        elif self.lost_since is None:
-            self.broker_lost("no broker connection")
+        elif self.lost_since is None:   # an outage under way keeps its start and first reason
+            self.broker_lost(why, since)
 
     def broker_lost(self, error: str, since: float | None = None) -> None:
         self.connected, self.last_error = False, error

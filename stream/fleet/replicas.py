@@ -17,6 +17,7 @@ from sketchrec.stream.fleet.model_topic import MAX_MESSAGE_BYTES, FleetState, Mo
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.health import log_event
 from sketchrec.stream.kafka.consumer import kafka_config
+from sketchrec.stream.kafka.contact import broker_contact
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
 
@@ -157,13 +158,16 @@ class FleetReplica:
         return self
 
     def _run(self) -> None:
+        """Apply the model topic; the health hears after each poll whether the broker answers
+        (a poll of a lost or hung broker returns nothing rather than raising: ``kafka.contact``)."""
         health = self.service.health
         health.watch_broker()
         while not self.stop.is_set():
             try:
                 if not self.feed.poll(200):
                     self.service.tracker.settle()   # read to the end: the popular list too
-                health.polled(True)
+                contact = broker_contact(self.feed.consumer)
+                health.polled(contact.answering, contact.why, contact.since)
             except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
                 health.broker_lost(f"{type(exc).__name__}: {exc}")
                 log_event("poll_failed", logging.WARNING, error=health.last_error)

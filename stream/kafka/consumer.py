@@ -32,6 +32,7 @@ from sketchrec.stream.checkpoint import CheckpointStore, LedgerIntegrityError
 from sketchrec.stream.kafka import fast_records
 from sketchrec.stream.kafka import codecs as codec_errors
 from sketchrec.stream.kafka import identity
+from sketchrec.stream.kafka.contact import broker_contact, messages_behind
 from sketchrec.stream.kafka.intake import finite_errors, read_poll
 from sketchrec.stream.kafka.messages import dead_letter
 from sketchrec.stream.kafka.offsets import OffsetBook
@@ -91,6 +92,7 @@ class KafkaLearner:
         self.closing = False
         self.last_checkpoint_ok = True
         self.dead_letters: Counter = Counter()  # set aside since the last checkpoint (for the log)
+        self.taken = 0   # messages polled (progress, for the health)
         self.health = service.health
         self.health.watch_broker()
         if self.needs_checkpoints and self.consumer.partitions_for_topic(topic):
@@ -177,7 +179,7 @@ class KafkaLearner:
                 except KafkaError as exc:  # the group or the broker: poll again, it rejoins
                     self._lost(exc)
                     continue
-                self._watch()
+                self._watch(records)
                 self._tick()
                 # a set-aside batch (None) is data; joining a group is not idleness
                 if records is None or records or not self.consumer.assignment():
@@ -225,13 +227,19 @@ class KafkaLearner:
             return
         for tp, messages in records.items():
             self.consumer.seek(tp, messages[0].offset)
-        self._watch()
+        self._watch({})
+        self.health.held()
 
-    def _watch(self) -> None:
-        """After each poll: is any broker connection up? Logs when that changes."""
+    def _watch(self, records=None) -> None:
+        """After each poll: does a broker answer (``kafka.contact``)? Logs when that changes.
+        Reports progress to the health: messages taken (a set-aside batch, None, is one) and
+        the lag the last fetches showed."""
+        self.taken += 1 if records is None else sum(len(batch) for batch in records.values())
+        self.health.progress(self.taken, messages_behind(self.consumer))
         was, since = self.health.connected, self.health.lost_since   # polled() clears it
-        connected = _broker_connected(self.consumer)
-        self.health.polled(connected)
+        contact = broker_contact(self.consumer)
+        connected = contact.answering
+        self.health.polled(connected, contact.why, contact.since)
         if connected and was is False:
             log_event("connect", after_s=round(time.monotonic() - since, 1) if since else "-")
         elif not connected and was is not False:
@@ -329,14 +337,6 @@ class KafkaLearner:
         except Exception as exc:  # noqa: BLE001 - CommitFailedError, a lost coordinator, ...
             log_event("commit_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
                       note="state and offsets are in the checkpoint; the group re-reads from there")
-
-
-def _broker_connected(consumer) -> bool:
-    """Whether any broker connection is up (kafka-python's connection manager; True if unknown)."""
-    try:
-        return any(c.connected for c in list(consumer._client._manager._conns.values()))
-    except AttributeError:
-        return True
 
 
 def resume_or_create(checkpoint_dir, make_model, *, pair_capacity: int,

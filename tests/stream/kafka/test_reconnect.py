@@ -11,7 +11,7 @@ from sketchrec.stream.kafka.consumer import KafkaLearner
 
 def _learner(connected: bool) -> KafkaLearner:
     learner = KafkaLearner.__new__(KafkaLearner)
-    learner.health = Health()
+    learner.health, learner.taken = Health(), 0
     conns = {0: types.SimpleNamespace(connected=connected)}
     learner.consumer = types.SimpleNamespace(_client=types.SimpleNamespace(
         _manager=types.SimpleNamespace(_conns=conns)))

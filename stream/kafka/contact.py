@@ -1,0 +1,81 @@
+"""Is the broker answering, and how far behind is a consumer: read from what a kafka-python client
+already knows, without a request of its own (a probe that asked the broker would itself wait
+for a hung one).
+
+A connection's TCP socket stays up when the broker process hangs (SIGSTOP, a stalled disk):
+kafka-python notices only when a request times out (``request_timeout_ms``, 30 s) and a
+reconnection's first request times out again, so "connected" alone says nothing for about a
+minute. Contact is therefore judged by answers: a request sent more than ``SILENT_AFTER``
+seconds ago with nothing read from any broker since is a broker that does not answer. Requests
+whose own deadline is long by design (a group join waits for the whole group) are not counted.
+The lag comes from the high watermark each fetch response carries and the consumer's position.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+SILENT_AFTER = 3.0        # seconds an ordinary request may wait before the broker counts as silent
+LONG_REQUEST_S = 60.0     # requests allowed longer than this (group joins) do not count
+
+
+@dataclass(frozen=True)
+class Contact:
+    """The broker's state as one client sees it: ``answering``; if not, ``since`` (monotonic
+    seconds: the last answer, or the unanswered request) and ``why``."""
+
+    answering: bool
+    since: float | None = None
+    why: str = ""
+
+
+def broker_contact(client_owner, silent_after: float = SILENT_AFTER, now: float | None = None) -> Contact:
+    """The contact of a ``KafkaConsumer`` or ``KafkaProducer`` (anything with ``_client``) with
+    its brokers. Unknown internals (another kafka-python) count as answering: no false alarm.
+
+    >>> class Conn:
+    ...     connected, in_flight_requests = True, [(1, None, 90.0, 120.0, None)]
+    ...     class transport: last_read = 89.0
+    >>> class Manager: _conns = {0: Conn()}
+    >>> class Client: _manager = Manager()
+    >>> class Consumer: _client = Client()
+    >>> broker_contact(Consumer(), now=92.0).answering    # asked 2 s ago: still waiting
+    True
+    >>> broker_contact(Consumer(), now=95.0)
+    Contact(answering=False, since=90.0, why='broker not answering (a request unanswered for 5 s)')
+    """
+    now = time.monotonic() if now is None else now
+    try:
+        conns = [c for c in list(client_owner._client._manager._conns.values()) if c.connected]
+        if not conns:
+            return Contact(False, None, "no broker connection")
+        last_read = max(c.transport.last_read for c in conns)
+        asked = [sent for c in conns for (_, _, sent, deadline, _) in list(c.in_flight_requests)
+                 if deadline - sent <= LONG_REQUEST_S]
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        # RuntimeError: the IO thread changed a deque while it was copied; judge at the next poll
+        return Contact(True)
+    oldest = min(asked, default=None)
+    if oldest is not None and now - oldest > silent_after and now - last_read > silent_after:
+        since = max(oldest, last_read)
+        return Contact(False, since, f"broker not answering (a request unanswered for {now - oldest:.0f} s)")
+    return Contact(True)
+
+
+def messages_behind(consumer) -> int | None:
+    """Messages the consumer's assigned partitions hold beyond its position, by the high watermark
+    of the last fetch responses (None: no partition's is known yet). Nothing is asked of the broker.
+
+    >>> from types import SimpleNamespace as NS
+    >>> state = {"a": NS(highwater=120, position=NS(offset=100)), "b": NS(highwater=None, position=None)}
+    >>> messages_behind(NS(_subscription=NS(assignment=state)))
+    20
+    """
+    try:
+        states = list(consumer._subscription.assignment.values())
+        known = [s.highwater - s.position.offset for s in states
+                 if s.highwater is not None and s.position is not None]
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    return max(0, sum(known)) if known else None
