@@ -67,18 +67,22 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
     cmd += ["--sync-ratings", str(sync_ratings)] if sync_ratings else []
     procs: list[subprocess.Popen] = []
     held: list[set] = []
+    tails: list[list[str]] = []
 
     def start_and_settle() -> None:
         for _ in range(n):
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             held.append(set())
-            threading.Thread(target=_follow_assignments, args=(procs[-1].stderr, held[-1]),
+            tails.append([])
+            threading.Thread(target=_follow_assignments, args=(procs[-1].stderr, held[-1], tails[-1]),
                              daemon=True).start()
         deadline = time.monotonic() + 300   # members on a cold kernel cache compile first (minutes, loaded)
         while not (all(held) and set().union(*held) == set(range(PARTITIONS))
                    and sum(map(len, held)) == PARTITIONS):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"the {n} members did not settle into one group")
+                raise RuntimeError(f"the {n} members did not settle into one group (partitions held: "
+                                   f"{held}; exit codes: {[p.poll() for p in procs]}); their logs "
+                                   f"end: {tails}")
             time.sleep(0.05)
 
     try:
@@ -194,11 +198,14 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
             "cpu_per_rating_ratio": sum(spent.values()) / plain_s, "delta_bytes_per_rating": sent / n}
 
 
-def _follow_assignments(stderr, held: set) -> None:
-    """Keep ``held`` = the partitions a member's log says it holds (and drain its stderr)."""
+def _follow_assignments(stderr, held: set, tail: list | None = None) -> None:
+    """Keep ``held`` = the partitions a member's log says it holds (and drain its stderr, its
+    last lines in ``tail``)."""
     for line in stderr:
+        if tail is not None:
+            tail[:] = [*tail[-9:], line.rstrip()]
         if "event=rebalance" in line:
-            found = re.search(r'(assigned|revoked|lost)="\[([0-9, ]*)\]"', line)
+            found = re.search(r'(assigned|revoked|lost)="?\[([0-9, ]*)\]', line)   # one partition: unquoted
             if found:
                 parts = {int(p) for p in found.group(2).split(",") if p.strip()}
                 if found.group(1) == "assigned":
@@ -358,9 +365,8 @@ def measure(args: argparse.Namespace) -> dict:
                                      data.timestamps) for c in range(args.copies)])
     n, capacity = len(copies), args.copies * data.n_ids()
     report: dict = {"ratings": n, "sync_ratings": args.sync_ratings}
-    for form, batch, key in (("csv_per_message", 1, "csv"), (f"batched_{args.batch}", args.batch, "batched")):
-        if key not in args.forms:
-            continue
+    known = {"csv": ("csv_per_message", 1), "batched": (f"batched_{args.batch}", args.batch)}
+    for form, batch in (known[key] for key in args.forms if key in known):   # in the order asked
         topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
         sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
         bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
