@@ -97,7 +97,7 @@ class DPSettings:
         multiplier is calibrated here; for epoch training it is calibrated by
         ``train_private_epochs`` once the (capped) training set, hence q and the steps, are known."""
         from sketchrec.models.private.dp_sgd import DPConfig
-        from sketchrec.privacy.calibration import sgld_noise_multiplier, stream_noise_multiplier
+        from sketchrec.privacy.budget import sgld_noise_multiplier, stream_noise_multiplier
         if self.unit == "user" and not self.user_cap:
             raise SystemExit("--dp-unit user needs --dp-user-cap M")
         factor = 1 if self.unit == "rating" else self.user_cap

@@ -111,7 +111,7 @@ def fleet_dp(config):
         return None, None
     from dataclasses import replace
 
-    from sketchrec.privacy.calibration import stream_noise_multiplier
+    from sketchrec.privacy.budget import stream_noise_multiplier
     dp = config.dp.config(stream=True, depth=config.model.depth, lr=config.model.lr)
     dp = replace(dp, fallback_share=0.0)
     if config.dp.noise is None and config.dp.sgld_temperature is None and config.dp.target is not None:

@@ -1,6 +1,12 @@
-"""The budget planner of the DP-SGD epoch modes: one place where a run's target (or its given
-noise and budget) becomes the steps' noise multiplier, the private fallback's releases and the
-released training size the sampling rate is calibrated from.
+"""The budget planner: the one place where what a run is given (a target epsilon, a noise and a
+budget, an SGLD temperature) becomes its noise multipliers and its shares of the budget.
+
+- a stream pass (``stream_noise_multiplier``: `replay`, `consume`, the fleet) and SGLD-DP
+  (``sgld_noise_multiplier``): plain numbers in and out (the caller builds the ``DPConfig``);
+- DP-SGD epochs (``plan_private_epochs``): the steps' noise multiplier, the private fallback's
+  releases and the released training size the sampling rate is calibrated from;
+- the joint mode's stages are calibrated by ``privacy.joint_dp.Budget.calibrate`` on the same
+  accountant; local DP has no budget to share (each rating's epsilon is the device's).
 
 The sampling rate q = batch / N and the number of steps round(1 / q) per epoch would make the
 released noise multiplier and epsilon exact functions of N, the training part's size (one more
@@ -20,6 +26,7 @@ from dataclasses import dataclass, replace
 
 from sketchrec.privacy.accounting import GaussianSteps, calibrate_noise
 from sketchrec.privacy.entropy import noise_generator
+from sketchrec.privacy.joint_dp import FALLBACK_SHARE, calibrate_epochs
 
 # The training size's share of the budget's 1/z^2: its noise (z / 0.1 per unit of sensitivity,
 # tens of ratings at the usual budgets) moves q by a negligible fraction of a large training set.
@@ -69,7 +76,6 @@ def plan_private_epochs(fallback, dp, target_epsilon: float | None, delta: float
     fallback take their shares of the budget (the steps then stop at the budget); with a given
     noise alone they are set from the step's own multiplier. With no noise at all (a clipping-only
     run, no guarantee) the size is used as it is."""
-    from sketchrec.privacy.joint_dp import calibrate_epochs
     whole = target_epsilon or budget
     z_total = calibrate_noise(whole, delta) if whole else dp.epoch_multiplier()
     fixed, released = [], float(size)
@@ -86,3 +92,23 @@ def plan_private_epochs(fallback, dp, target_epsilon: float | None, delta: float
         z = calibrate_epochs(target_epsilon, delta, q, epochs * per_epoch, fixed)
         dp = replace(dp, noise_multiplier=z * dp.sensitivity_factor)
     return EpochPlan(dp, fixed, released, q, per_epoch, epochs * per_epoch)
+
+
+def sgld_noise_multiplier(depth: int, temperature: float, lr: float, clip: float) -> float:
+    """The noise multiplier sigma of SGLD with clipped gradients: the kernel adds
+    sqrt(k lr tau) per cell per step, which is lr * sigma * C, so sigma = sqrt(k tau / lr) / C.
+
+    >>> round(sgld_noise_multiplier(depth=4, temperature=0.0004, lr=0.01, clip=2.0), 12)
+    0.2
+    """
+    return float(math.sqrt(depth * temperature / lr)) / clip
+
+
+def stream_noise_multiplier(epsilon: float, delta: float, sensitivity_factor: int = 1,
+                            fallback_share: float = FALLBACK_SHARE) -> float:
+    """The noise multiplier of one pass over a stream in fixed chunks costing (epsilon, delta):
+    replace-one neighbours, so the sensitivity is 2C per unit, and a unit of ``sensitivity_factor``
+    ratings (1, or the user cap m) scales it; DP-SGD gets 1 - ``fallback_share`` of the pass's
+    1/z^2 (the private fallback the rest, ``models.dp_sgd``):
+    sigma = 2 m calibrate_noise(epsilon, delta) / sqrt(1 - fallback_share)."""
+    return 2 * sensitivity_factor * calibrate_noise(epsilon, delta) / math.sqrt(1 - fallback_share)

@@ -240,7 +240,7 @@ def test_registry_defaults_are_the_models_own():
 
 def test_dp_calibration_matches_the_accountant():
     from sketchrec.privacy.accounting import calibrate_noise
-    from sketchrec.privacy.calibration import sgld_noise_multiplier, stream_noise_multiplier
+    from sketchrec.privacy.budget import sgld_noise_multiplier, stream_noise_multiplier
     assert sgld_noise_multiplier(4, 0.0004, 0.01, 2.0) == pytest.approx(0.2)
     assert stream_noise_multiplier(1.0, 1e-5, 3, fallback_share=0.0) == 6 * calibrate_noise(1.0, 1e-5)
 
@@ -260,7 +260,7 @@ def test_doctests_of_the_cli_and_its_library_helpers_run():
     import doctest
     import importlib
     for name in ("sketchrec.paths", "sketchrec.data", "sketchrec.models.registry",
-                 "sketchrec.privacy.calibration", "sketchrec.cli.options"):
+                 "sketchrec.privacy.budget", "sketchrec.cli.options"):
         failed, tried = doctest.testmod(importlib.import_module(name))
         assert failed == 0 and tried > 0, name
 
