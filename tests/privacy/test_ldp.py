@@ -39,9 +39,9 @@ def test_header_round_trip_and_malformed_headers():
 
 def test_replay_holdout_with_device_perturbation_and_debiasing(capsys):
     common = ["--holdout", "0.2", "--epochs", "3", "--synthetic-ratings", "20000", "--synthetic-users",
-              "300", "--synthetic-items", "200", "--quiet", "--json", "--ldp-range", "1,5"]
-    results = {}
-    for extra in ([], ["--ldp-epsilon", "3"], ["--ldp-epsilon", "3", "--ldp-debias"]):
+              "300", "--synthetic-items", "200", "--quiet", "--json"]
+    results, ldp = {}, ["--ldp-range", "1,5", "--ldp-epsilon", "3"]   # a range alone is refused
+    for extra in ([], ldp, ldp + ["--ldp-debias"]):
         assert replay_main(common + extra) == 0
         results[" ".join(extra)] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rmse"]
     raw, noisy, debiased = results.values()
