@@ -1,0 +1,94 @@
+"""The fleet benchmark's CPU accounting (``sketchrec bench fleet``): a member process's
+CPU-seconds sampled from /proc and taken over its learning span, and where a fleet's CPU goes in
+one process without a broker (``sync_breakdown``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from sketchrec.data import Ratings
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU-seconds (user + system, every thread) process ``pid`` has used so far (/proc), or None
+    once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+
+
+def _sample_cpu(procs: list, samples: list, done: threading.Event, every: float = 0.05) -> None:
+    """(wall clock, CPU-seconds) of each running member every ``every`` s, until ``done``."""
+    while not done.is_set():
+        for proc, series in zip(procs, samples):
+            if proc.poll() is None:
+                used = cpu_seconds(proc.pid)
+                if used is not None:
+                    series.append((time.time(), used))
+        done.wait(every)
+
+
+def cpu_between(series: list[tuple[float, float]], start: float | None, end: float | None) -> float:
+    """CPU-seconds a member spent from ``start`` to ``end`` (wall clock, its first and last
+    learned batch), interpolated in its samples: its learning and syncing, not its start-up
+    (imports, kernels loaded, the model topic read) nor its idle wait before exiting."""
+    if not series or start is None or end is None:
+        return 0.0
+    times, used = np.array(series, dtype=float).T
+    return float(np.interp(end, times, used) - np.interp(start, times, used))
+
+
+def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
+    """Where a fleet's CPU goes, in one process without a broker: ``m`` replicas of one
+    recommender (``DeltaTracker``) learn the ratings of their users (user id mod ``m``, as a topic
+    keyed by user partitions them) ``every`` ratings at a time, take a delta and apply the others'
+    (decoding included), against one plain learner over the same ratings in chunks of
+    ``every``: CPU-microseconds per rating of each step, summed over the replicas, and their
+    ratio to the plain learner's. Fetching, JSON parsing and Kafka are left out (the same for a
+    plain learner and a member, per rating)."""
+    from sketchrec.models import SketchMF
+    from sketchrec.stream.fleet.tracker import DeltaTracker
+    from sketchrec.stream.recommender import Recommender
+
+    def recommender():
+        return Recommender(SketchMF(capacity=data.n_ids(), dim=dim), pair_capacity=4 * len(data))
+
+    def learn(rec, idx) -> None:
+        rec.learn_many(data.users[idx], data.items[idx], data.ratings[idx])
+
+    recommender().learn_many([1], [1], [3.0])   # kernels compiled outside the timings
+    plain, t0 = recommender(), time.process_time()
+    for start in range(0, len(data), every):
+        learn(plain, slice(start, start + every))
+    plain_s = time.process_time() - t0
+    recs = [recommender() for _ in range(m)]
+    trackers = [DeltaTracker(rec) for rec in recs]
+    parts = [np.flatnonzero(data.users % m == k) for k in range(m)]
+    spent, sent = {"learn": 0.0, "take": 0.0, "apply": 0.0}, 0
+    for start in range(0, max(map(len, parts)), every):
+        blobs = []
+        for rec, tracker, part in zip(recs, trackers, parts):
+            t0 = time.process_time()
+            learn(rec, part[start:start + every])
+            t1 = time.process_time()
+            blobs.append(tracker.take())
+            spent["learn"] += t1 - t0
+            spent["take"] += time.process_time() - t1
+            sent += len(blobs[-1] or b"")
+        t0 = time.process_time()
+        for k, tracker in enumerate(trackers):
+            for j, blob in enumerate(blobs):
+                if j != k and blob:
+                    tracker.apply(blob)
+        spent["apply"] += time.process_time() - t0
+    n = len(data)
+    out = {f"{step}_cpu_us_per_rating": s / n * 1e6 for step, s in spent.items()}
+    return {"members": m, "every": every, "plain_cpu_us_per_rating": plain_s / n * 1e6, **out,
+            "cpu_per_rating_ratio": sum(spent.values()) / plain_s, "delta_bytes_per_rating": sent / n}
