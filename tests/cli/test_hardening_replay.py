@@ -259,4 +259,7 @@ def test_readme_setup_activates_the_venv_so_its_commands_run_as_typed():
     blocks = [b.split("```", 1)[0].strip() for b in setup.split("```bash")[1:]]
     assert len(blocks) == 2
     assert ". .venv/bin/activate" in blocks[0] and blocks[0].endswith("&& replay")
-    assert blocks[1] == "python -m pytest -q" and blocks[1] in (REPO / ".ci" / "run").read_text()
+    # the second: in the venv the first made, the test extra, then exactly the test command CI runs
+    steps = [step.strip() for step in blocks[1].split("&&")]
+    assert steps[0] == ". .venv/bin/activate" and steps[1] == "pip install -e '.[test]'"
+    assert steps[-1] == "python -m pytest -q" and steps[-1] in (REPO / ".ci" / "run").read_text()
