@@ -9,8 +9,8 @@ import sys
 
 def add_items_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--items", metavar="FILE",
-                    help="item titles (MovieLens u.item or movies.csv) shown with the served "
-                    "recommendations, /similar and the dashboard (needs --serve)")
+                    help="item titles (MovieLens u.item or movies.csv) given with the served "
+                    "/recommend and /similar answers (replay and consume: with --serve)")
 
 
 def replay_feedback(run):
