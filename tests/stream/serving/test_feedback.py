@@ -230,3 +230,16 @@ def test_titles_read_movielens_u_item(tmp_path, ml100k):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(BadItemsFile, match="neither a MovieLens u.item"):
         Titles.load(tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize("extra, route", [([], "direct"), (["--holdout", "0.2", "--epochs", "1"], "holdout"),
+                                          (["--model", "sketch", "--dp-noise", "1", "--holdout", "0.2",
+                                            "--epochs", "1"], "epoch-dp")])
+def test_replay_gives_its_service_the_route_its_protocol_can_account(extra, route, tmp_path):
+    from sketchrec.cli.config import ReplayConfig
+    from sketchrec.cli.feedback import replay_feedback
+    from sketchrec.cli.replay import build_parser, prepare
+    argv = ["--synthetic-ratings", "600", "--synthetic-users", "40", "--synthetic-items", "30",
+            "--quiet", "--no-monitor", "--checkpoint", str(tmp_path / "ck"), *extra]
+    run = prepare(ReplayConfig.from_args(build_parser().parse_args(argv)))
+    assert replay_feedback(run).route == route
