@@ -68,6 +68,9 @@ class Health:
         self.behind: int | None = None   # messages the consumer has not read yet (its lag), if known
         self.stalled_since: float | None = None   # messages waiting, none learned, since then
         self._progress: tuple[int, int] | None = None   # (ratings learned, lag) at the last report
+        # asked at each /healthz (kafka.contact.broker_contact of the learner's client): a loop
+        # blocked in a step (a flush, a snapshot) cannot report the hung broker it waits for
+        self.probe = None
 
     def progress(self, learned: int, behind: int | None) -> None:
         """The learning loop's report after a poll: ratings learned so far and its lag (None:
@@ -108,8 +111,13 @@ class Health:
         now, out = time.monotonic(), []
         if not self.ready:
             out.append("model not ready (warming up)")
-        if self.watching and self.lost_since is not None and now - self.lost_since > self.broker_lost_after:
-            out.append(f"broker unreachable for {now - self.lost_since:.0f} s ({self.last_error})")
+        lost_since, error = self.lost_since, self.last_error
+        if self.watching and lost_since is None and self.probe is not None:
+            contact = self.probe()
+            if not contact.answering and contact.since is not None:
+                lost_since, error = contact.since, contact.why
+        if self.watching and lost_since is not None and now - lost_since > self.broker_lost_after:
+            out.append(f"broker unreachable for {now - lost_since:.0f} s ({error})")
         if self.watching and self.last_poll is not None and now - self.last_poll > self.poll_stale_after:
             out.append(f"last poll {now - self.last_poll:.0f} s ago")
         if self.stalled_since is not None and now - self.stalled_since > self.stall_after:

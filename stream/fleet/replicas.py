@@ -162,6 +162,7 @@ class FleetReplica:
         (a poll of a lost or hung broker returns nothing rather than raising: ``kafka.contact``)."""
         health = self.service.health
         health.watch_broker()
+        health.probe = lambda: broker_contact(self.feed.consumer)
         while not self.stop.is_set():
             try:
                 if not self.feed.poll(200):

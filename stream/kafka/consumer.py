@@ -95,6 +95,7 @@ class KafkaLearner:
         self.taken = 0   # messages polled (progress, for the health)
         self.health = service.health
         self.health.watch_broker()
+        self.health.probe = lambda: broker_contact(self.consumer)
         if self.needs_checkpoints and self.consumer.partitions_for_topic(topic):
             # a deleted and re-created topic: its start, or a one-line refusal (kafka.identity)
             self.from_beginning |= identity.check(self.consumer, service, topic, on_new_topic)

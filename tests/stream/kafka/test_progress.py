@@ -7,6 +7,7 @@ import types
 
 from sketchrec.stream.health import Health
 from sketchrec.stream.kafka.consumer import KafkaLearner
+from sketchrec.stream.kafka.contact import broker_contact
 
 NS = types.SimpleNamespace
 
@@ -84,4 +85,17 @@ def test_learning_paused_over_http_is_no_stall():
     learner._watch({})
     learner.health.stalled_since = time.monotonic() - 60
     learner.health.held()
+    assert learner.health.problems() == []
+
+
+def test_healthz_asks_the_client_itself_while_the_loop_is_blocked_in_a_step():
+    """A loop blocked in a step (a flush, a snapshot) waiting for the hung broker does not poll;
+    /healthz asks the client's connections (the health's probe) and says so all the same."""
+    learner = _learner()
+    learner._watch({})
+    learner.health.probe = lambda: broker_contact(learner.consumer)
+    learner.consumer.hang(ago=7.0)            # no _watch since: the loop is blocked
+    reasons = learner.health.problems()
+    assert len(reasons) == 1 and reasons[0].startswith("broker unreachable for 7 s (broker not answering")
+    learner.health.probe = None               # a broken variant: judged by the loop alone
     assert learner.health.problems() == []
