@@ -259,10 +259,10 @@ class ServingSettings:
         return "workers" if self.listen and self.workers and self.workers > 1 else None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "ServingSettings":
+    def from_args(cls, args: argparse.Namespace, prog: str = "sketchrec") -> "ServingSettings":
         items = getattr(args, "items", None)
         if items and not args.serve:   # titles are for the served answers only
-            refuse("sketchrec", ["--items names the titles of the served answers; give --serve with it"])
+            refuse(prog, ["--items names the titles of the served answers; give --serve with it"])
         return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token,
                    args.checkpoint, ACCESS[args.access_control], args.workers, args.worker_nice,
                    Path(items) if items else None)
@@ -367,7 +367,7 @@ class ReplayConfig:
         mode = dp.mode(holdout, args.ldp_epsilon is not None, args.sgld,
                        args.clip_loss)
         model = ModelSettings.from_args(args, dp.enabled, prog)
-        serving = ServingSettings.from_args(args)
+        serving = ServingSettings.from_args(args, prog)
         listen = ("joint-read-only" if mode in JOINT else "thread") if args.serve else None
         check(prog, Ask(
             "joint" if mode in JOINT and args.model is None else model.kind, mode, args.optimizer,

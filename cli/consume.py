@@ -103,7 +103,7 @@ class ConsumeConfig:
         dp = DPSettings.from_args(args)
         model = ModelSettings.from_args(args, dp.enabled, PROG, fleet=args.fleet)
         mode = dp.mode(False, args.ldp_debias, args.sgld, args.clip_loss)
-        serving = ServingSettings.from_args(args)
+        serving = ServingSettings.from_args(args, PROG)
         # the capability table first: a combination that cannot run is refused before the options
         joint = mode in JOINT and args.model is None   # asked by --dp-model joint
         check(PROG, Ask("joint" if joint else model.kind, mode, args.optimizer, "fleet" if args.fleet else "kafka", None,

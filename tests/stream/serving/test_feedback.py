@@ -243,3 +243,12 @@ def test_replay_gives_its_service_the_route_its_protocol_can_account(extra, rout
             "--quiet", "--no-monitor", "--checkpoint", str(tmp_path / "ck"), *extra]
     run = prepare(ReplayConfig.from_args(build_parser().parse_args(argv)))
     assert replay_feedback(run).route == route
+
+
+def test_items_without_serve_is_refused_in_one_line(capsys):
+    from sketchrec.cli.options import Refused
+    from sketchrec.cli.replay import replay_main
+    with pytest.raises(Refused) as refused:
+        replay_main(["--items", "movies.csv", "--quiet"])
+    assert str(refused.value) == "replay: --items names the titles of the served answers; give --serve with it"
+    assert capsys.readouterr().err.strip().splitlines() == [str(refused.value)]
