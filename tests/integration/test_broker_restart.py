@@ -41,7 +41,7 @@ class S3Broker:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        self.proc = None
+        self.proc, self.log = None, tmp_path / "tansu-s3.log"
 
     @property
     def bootstrap(self) -> str:
@@ -49,10 +49,11 @@ class S3Broker:
 
     def start(self) -> None:
         url = f"tcp://{self.bootstrap}"
-        self.proc = subprocess.Popen([self.binary, "broker", "--listener-url", url,
-                                      "--advertised-listener-url", url, "--storage-engine", "s3://tansu/"],
-                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _wait_for_broker(self.bootstrap, self.proc)
+        with self.log.open("ab") as err:   # a file: an unread pipe could fill and block it
+            self.proc = subprocess.Popen([self.binary, "broker", "--listener-url", url,
+                                          "--advertised-listener-url", url, "--storage-engine",
+                                          "s3://tansu/"], env=self.env, stdout=subprocess.DEVNULL, stderr=err)
+        _wait_for_broker(self.bootstrap, self.proc, log=self.log)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -92,14 +93,16 @@ def test_broker_restart_consumer_stays_up_and_learns_everything_once(s3_broker, 
     sent = produce(first, s3_broker.bootstrap, topic, batch=10)["messages"]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", s3_broker.bootstrap, "--topic", topic,
-         "--group", "g-restart", "--checkpoint", str(tmp_path / "ckpt"), "--capacity", "1000",
-         "--expected-ratings", "20000", "--checkpoint-every", "1000", "--broker-lost-after", "2",
-         "--serve", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "consume.err"   # a file: the outage's log lines could fill an unread pipe
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", s3_broker.bootstrap, "--topic",
+             topic, "--group", "g-restart", "--checkpoint", str(tmp_path / "ckpt"), "--capacity", "1000",
+             "--expected-ratings", "20000", "--checkpoint-every", "1000", "--broker-lost-after", "2",
+             "--serve", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         def stats():
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert proc.poll() is None, log.read_text()[-3000:]
             try:
                 return httpx.get(f"{url}/stats", timeout=2).json()
             except httpx.TransportError:
@@ -116,12 +119,13 @@ def test_broker_restart_consumer_stays_up_and_learns_everything_once(s3_broker, 
         _wait(lambda: (stats() or {}).get("ratings_learned") == 5000, 90, "the next 2,000 ratings")
         _wait(lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 30, "health again")
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, log.read_text()[-3000:]
     final = json.loads(out.strip().splitlines()[-1])
     assert final["ratings_learned"] == 5000 and final["skipped"] == {}
     assert sum(final["offsets"].values()) == sent
-    assert "event=lose" in err and "event=connect" in err
+    logged = log.read_text()
+    assert "event=lose" in logged and "event=connect" in logged

