@@ -12,7 +12,7 @@ from sketchrec.cli.config import (JOINT, DPSettings, ModelSettings, MonitorSetti
 from sketchrec.cli.options import Parser, add_model_args, add_model_kind_arg, add_monitor_args, add_serving_args
 from sketchrec.models.capabilities import Ask
 from sketchrec.cli.feedback import topic_feedback
-from sketchrec.cli.serve import on_stop_signal, start_server
+from sketchrec.cli.serving import on_stop_signal, start_server
 from sketchrec.stream.health import BROKER_LOST_AFTER
 
 PROG = "sketchrec consume"

@@ -7,7 +7,7 @@ import sys
 import threading
 
 from sketchrec.cli.feedback import topic_feedback
-from sketchrec.cli.serve import on_stop_signal, serve_until_interrupted, start_server
+from sketchrec.cli.serving import on_stop_signal, serve_until_interrupted, start_server
 
 
 def run_member(config) -> int:

@@ -20,7 +20,7 @@ from sketchrec.cli.options import (Parser, add_evaluation_args, add_model_args, 
                                           speed, unit_fraction, value_range)
 from sketchrec.cli.fetch import resolve_data
 from sketchrec.cli.feedback import replay_feedback
-from sketchrec.cli.serve import serve_until_interrupted, start_server
+from sketchrec.cli.serving import serve_until_interrupted, start_server
 from sketchrec.cli.source import Source, add_data_args, open_source, path_problem, scale_free
 
 if TYPE_CHECKING:  # the run's parts, imported when a command needs them

@@ -153,7 +153,7 @@ def test_consume_without_model_learns_the_default_learner():
 def test_workers_on_a_model_readers_cannot_share_is_never_silent(capsys, monkeypatch):
     """Asked for (--workers 2): refused with the table's line. Left to its default (one per
     core, two here): served from one process, and the log says why in the table's words."""
-    from sketchrec.cli import serve
+    from sketchrec.cli import serving as serve
     from sketchrec.cli.config import ServingSettings
     from sketchrec.cli.options import Refused
     from sketchrec.models import DenseMF

@@ -252,7 +252,7 @@ def test_replay_serve_shows_its_error_and_that_it_finished(browser, tmp_path):
     nothing to draw (no epsilon without privacy, nothing set aside) say why."""
     from sketchrec.cli.config import ReplayConfig
     from sketchrec.cli.replay import build_parser, execute, prepare
-    from sketchrec.cli.serve import start_server
+    from sketchrec.cli.serving import start_server
     args = build_parser().parse_args(["--synthetic-ratings", "20000", "--synthetic-users", "500",
                                       "--synthetic-items", "300", "--quiet", "--workers", "1",
                                       "--serve", "127.0.0.1:0"])
