@@ -1,6 +1,6 @@
 """A ratings file read a block at a time: its layout told from its first line (sketchrec.formats),
 each block parsed in compiled code (sketchrec.chunks), its ratings kept or set aside by reason
-(sketchrec.data.RangeCheck), so a file of any size streams in the memory of a block."""
+(sketchrec.ratings.RangeCheck), so a file of any size streams in the memory of a block."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from sketchrec.chunks import PARQUET_ROWS, parquet_block, split_block, text_blocks
-from sketchrec.data import LEARN_RANGE_FROM, ParseReport, RangeCheck, Ratings
+from sketchrec.ratings import LEARN_RANGE_FROM, ParseReport, RangeCheck, Ratings
 
 
 class RatingFile:

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import numpy as np
 
-from sketchrec.data import Ratings
+from sketchrec.ratings import Ratings
 
 
 class SyntheticStream:

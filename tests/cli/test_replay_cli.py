@@ -259,7 +259,7 @@ def test_missing_data_is_a_one_line_error_naming_the_path_and_the_variable(tmp_p
 def test_doctests_of_the_cli_and_its_library_helpers_run():
     import doctest
     import importlib
-    for name in ("sketchrec.paths", "sketchrec.data", "sketchrec.models.registry",
+    for name in ("sketchrec.paths", "sketchrec.ratings", "sketchrec.models.registry",
                  "sketchrec.privacy.budget", "sketchrec.cli.options"):
         failed, tried = doctest.testmod(importlib.import_module(name))
         assert failed == 0 and tried > 0, name
