@@ -83,3 +83,61 @@ def test_the_check_catches_an_import_that_climbs():
                                         for p in folder.rglob("*.py")))
 def test_no_module_over_400_lines(path):
     assert len((REPO / path).read_text().splitlines()) <= 400
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each product module's dotted name -> the product modules its top-level statements import
+    (an import inside a function runs when called, after every module is loaded). ``from a
+    import b`` counts as an import of ``a.b`` where that is a module, else of ``a``."""
+    files = {}
+    for pkg, folder in _folders().items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            files[".".join((pkg, *parts))] = path
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files
+                            else node.module for a in node.names}
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    graph = module_imports()
+    assert len(graph) > 100 and sum(map(len, graph.values())) > 200   # the walk reached them
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_catches_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
