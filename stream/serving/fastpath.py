@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl
 import orjson
 from fastapi import FastAPI
 
+from sketchrec.stream.serving.ids import json_id
 from sketchrec.stream.serving.headers import SECURITY_HEADERS, secured
 
 MAX_ID = 256
@@ -108,7 +109,7 @@ class FastQueries:
             if not valid_id(item):
                 return None
             rating = service.recommender.predict(user, item)
-            return orjson.dumps({"user": user, "item": item, "rating": rating})
+            return orjson.dumps({"user": json_id(user), "item": json_id(item), "rating": rating})
         k = plain_k(params.get("k"))
         if k is None or self.titled:
             return None
@@ -117,7 +118,8 @@ class FastQueries:
             items = public_ranking(items)
         if any(type(item) not in (str, int) for item, _ in items):
             return None  # an id the response model would coerce: the app answers
-        return orjson.dumps({"user": user, "items": [{"item": i, "score": s} for i, s in items],
+        return orjson.dumps({"user": json_id(user),
+                             "items": [{"item": json_id(i), "score": s} for i, s in items],
                              "source": "ranked" if self.tokens_on else source})
 
 

@@ -30,6 +30,7 @@ from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from sketchrec.stream.serving.ids import json_id
 from sketchrec.privacy.access import UserTokens
 from sketchrec.privacy.release import service_mode
 from sketchrec.stream.feedback import (MAX_BODY, MAX_POSTED, DirectFeedback, FeedbackRefused,
@@ -54,8 +55,9 @@ def feedback_of(service):
 def titled(titles, items: list[tuple[object, float]]) -> list[dict]:
     """(item, score) pairs as answered, with each item's title when ``titles`` names it."""
     if titles is None:
-        return [{"item": i, "score": s} for i, s in items]
-    return [{"item": i, "score": s, **({"title": t} if (t := titles.get(i)) else {})} for i, s in items]
+        return [{"item": json_id(i), "score": s} for i, s in items]
+    return [{"item": json_id(i), "score": s, **({"title": t} if (t := titles.get(i)) else {})}
+            for i, s in items]
 
 
 def add_feedback_routes(app: FastAPI, tokens: UserTokens | None, is_admin: Callable[[str | None], bool],
@@ -118,7 +120,7 @@ def add_feedback_routes(app: FastAPI, tokens: UserTokens | None, is_admin: Calla
             ranked = model.similar(item, k, items=[snap.ids[n] for n in rows])
         except ValueError as exc:
             raise HTTPException(409, str(exc).splitlines()[0]) from None
-        return {"item": item, **({"title": t} if (t := _title(app, item)) else {}),
+        return {"item": json_id(item), **({"title": t} if (t := _title(app, item)) else {}),
                 "items": titled(getattr(app.state, "titles", None), ranked)}
 
     @app.exception_handler(FeedbackRefused)

@@ -38,6 +38,7 @@ from sketchrec.privacy.access import UserTokens
 from sketchrec.privacy.mode import PrivacyMode
 from sketchrec.privacy.release import access_control_default, release, service_mode
 from sketchrec.privacy.report import operator_figures
+from sketchrec.stream.serving.ids import json_id
 from sketchrec.stream.serving.dashboard import dashboard_router
 from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp, public_ranking
 from sketchrec.stream.serving.feedback import add_feedback_routes, titled
@@ -48,9 +49,9 @@ PRIVACY_FIELDS = ("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "k
                   "audit_epsilon_lower_bound")
 
 
-class Prediction(BaseModel):
-    user: str
-    item: str
+class Prediction(BaseModel):   # ids as stream.serving.ids.json_id gives them
+    user: int | str
+    item: int | str
     rating: float
 
 
@@ -61,7 +62,7 @@ class ScoredItem(BaseModel):
 
 
 class Recommendations(BaseModel):
-    user: str
+    user: int | str
     items: list[ScoredItem]
     source: str
 
@@ -231,7 +232,8 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
                 token: str | None = Query(**cred),
                 authorization: str | None = Header(default=None)) -> Prediction:
         authorise(user, authorization, token)
-        return Prediction(user=user, item=item, rating=app.state.service.recommender.predict(user, item))
+        return Prediction(user=json_id(user), item=json_id(item),
+                          rating=app.state.service.recommender.predict(user, item))
 
     @app.get("/recommend", response_model=Recommendations, response_model_exclude_none=True,
              summary="Top-k items the user has not rated, best first")
@@ -242,7 +244,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         items, source = app.state.service.recommender.recommend(user, k)
         if source == "popular":   # a user the model has not seen: positions, not counts
             items = public_ranking(items)
-        return Recommendations(user=user, source="ranked" if tokens else source,
+        return Recommendations(user=json_id(user), source="ranked" if tokens else source,
                                items=[ScoredItem(**entry) for entry in titled(app.state.titles, items)])
 
     @app.get("/privacy", summary="The privacy guarantee of the training mode and the monitor's figures")

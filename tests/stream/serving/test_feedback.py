@@ -192,7 +192,7 @@ def test_similar_ranks_the_catalogue_by_the_cosine_of_item_factors():
     items = [x["item"] for x in body["items"]]
     catalogue = [i for i in service.recommender.item_snapshot().ids if i != 7]
     expected, scores = cosine_top(model, 7, catalogue, 5)
-    assert body["item"] == "7" and items == expected and 7 not in items
+    assert body["item"] == 7 and items == expected and 7 not in items
     np.testing.assert_allclose([x["score"] for x in body["items"]], scores, atol=1e-6)
     assert unknown.status_code == 404
 

@@ -50,7 +50,7 @@ def test_predict_matches_the_model(served):
     r = client.get("/predict", params={"user": "5", "item": "7"})
     assert r.status_code == 200
     body = r.json()
-    assert body["user"] == "5" and body["item"] == "7"
+    assert body["user"] == 5 and body["item"] == 7   # integer ids as JSON numbers (serving.ids)
     assert body["rating"] == pytest.approx(service.recommender.model.predict_one(5, 7))
     assert 1.0 <= body["rating"] <= 5.0
 
