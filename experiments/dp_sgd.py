@@ -42,7 +42,9 @@ def _private_run(ratings, capacity: int, epsilon: float, epochs: int, unit: str 
             "epsilon": ledger.epsilon() if ledger.n_releases else math.inf,
             "noise_multiplier": model.dp.noise_multiplier, "rmse": res["rmse"], "kld": res["kld"],
             # the experiment reports the operator's exact figures (a research table, not a release)
-            **{k: res["operator"]["dp_training"][k] for k in ("steps", "sampling_rate", "train_kept")},
+            # beside the plan's released ones (the sampling rate comes from the noised training size)
+            **{k: {**res.get("dp_training", {}), **res["operator"]["dp_training"]}[k]
+               for k in ("steps", "sampling_rate", "train_kept")},
             "seconds": res["seconds"],
             "batch": batch, "lr": lr}
 

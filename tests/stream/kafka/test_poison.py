@@ -119,6 +119,7 @@ def member():
     learner.snapshot_seconds, learner.last_snapshot = math.inf, 0.0
     learner.by_size, learner.sync_ratings, learner.chunk_ratings = False, 3, 3
     learner.alone, learner.per_message, learner.max_poll, learner.fenced = False, None, 100, None
+    learner.refusal = None   # no topic refused (a user-level DP fleet refuses one not keyed by user)
     learner.own, learner.first_at, learner.last_at, learner.progress = 0, None, None, []
     learner.book = OffsetBook({"0": 0}, 3, 3600.0)
     return learner
