@@ -2,5 +2,6 @@
 
 from sketchrec.models.dense_mf import DenseMF
 from sketchrec.models.sketch_mf import SketchMF
+from sketchrec.models.steps import SGD, AdaGrad, AdaGradId
 
-__all__ = ["DenseMF", "SketchMF"]
+__all__ = ["SGD", "AdaGrad", "AdaGradId", "DenseMF", "SketchMF"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
-from sketchrec.models._adaptive import OPTIMIZERS, Accumulators
+from sketchrec.models import steps as step_rules
+from sketchrec.models._adaptive import Accumulators
 from sketchrec.models._sgd import (LEARNED, TOTAL, sketch_factors, sketch_learn, sketch_predict,
                                    sketch_score)
 from sketchrec.models.base import ITEM, USER, FactorizationModel
@@ -66,7 +69,10 @@ class SketchMF(FactorizationModel):
         step's decay over epochs (``models.base.FactorizationModel``).
     sgld_temperature, clip_loss, dp : the privacy modes (SGLD, loss clipping, DP-SGD; above).
     heavy_fraction, heavy_slots, light_dim : the exact slots of the heaviest ids (above).
-    optimizer, acc0 : "sgd", "adagrad" (per cell) or "adagrad-id" (one sum per id); AdaGrad's start.
+    steps : the step rule (``models.steps``): ``SGD(lr)``, ``AdaGrad(lr, acc0)`` (per cell) or
+        ``AdaGradId(lr, acc0)`` (one sum per id); recorded in checkpoints.
+    optimizer, acc0 : the older spelling of ``steps`` ("sgd", "adagrad", "adagrad-id"; AdaGrad's
+        start): with ``lr`` they build the rule when ``steps`` is not given.
     implicit, implicit_lr, implicit_reg : SVD++'s implicit term (above).
     seed : fixes hashing, start vectors and SGLD noise.
 
@@ -87,8 +93,11 @@ class SketchMF(FactorizationModel):
                  clip_loss: float | None = None, seed: int = 0, dp: DPConfig | dict | None = None,
                  heavy_fraction: float | None = None, heavy_slots: int | None = None,
                  light_dim: int | None = None, optimizer: str = "sgd", acc0: float = 1.0,
-                 implicit: int = 0, implicit_lr: float = 0.005, implicit_reg: float = 0.2):
-        super().__init__(dim=dim, lr=lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
+                 implicit: int = 0, implicit_lr: float = 0.005, implicit_reg: float = 0.2,
+                 steps: step_rules.StepRule | dict | None = None):
+        # the old keywords build the rule; with steps= they must agree with it (models.steps)
+        steps = step_rules.resolve(steps, optimizer, lr, acc0, _KEYWORD_DEFAULTS)
+        super().__init__(dim=dim, lr=steps.lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
                          lr_schedule_T=lr_schedule_T, sgld_temperature=sgld_temperature,
                          clip_loss=clip_loss, seed=seed)
         self.depth, self.space_gain, self.capacity = int(depth), float(space_gain), capacity
@@ -99,12 +108,11 @@ class SketchMF(FactorizationModel):
         bias_width = max(1, -(-self.width * self.depth // self.dim))
         self._split_memory(heavy_fraction, heavy_slots, light_dim, dp is not None)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
-        if optimizer not in OPTIMIZERS or acc0 <= 0:
-            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}; acc0 positive")
-        if optimizer != "sgd" and (dp is not None or sgld_temperature):
+        if steps.optimizer != "sgd" and (dp is not None or sgld_temperature):
             raise ValueError("DP-SGD and SGLD take plain SGD steps (their noise is calibrated to "
-                             "them): optimizer must be 'sgd'")
-        self.optimizer, self.acc0 = optimizer, float(acc0)
+                             "them): give steps=SGD(lr) (optimizer 'sgd')")
+        self.steps = steps
+        self.optimizer, self.acc0 = steps.optimizer, float(steps.acc0)
         self.implicit_lr, self.implicit_reg = float(implicit_lr), float(implicit_reg)
         self.history = ImplicitHistory.off(self.dim)
         self._bind_store()
@@ -340,3 +348,8 @@ class SketchMF(FactorizationModel):
     def user_vectors(self, users) -> np.ndarray:
         """Latent vectors of users as the model sees them (start vector + sketch estimate)."""
         return self.factors(users, USER)[0]
+
+
+# the old step keywords' defaults (optimizer, lr, acc0): left at these, they defer to steps=
+_KEYWORD_DEFAULTS = tuple(inspect.signature(SketchMF.__init__).parameters[name].default
+                          for name in ("optimizer", "lr", "acc0"))
