@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, NamedTuple
 
 import numpy as np
 from river.reco.base import Ranker
@@ -22,6 +22,26 @@ from sketchrec.sketches.hashing import salt_table
 
 _INIT_FAMILY_OFFSET = 100  # salts of the start vectors, apart from the addressing families
 
+# how replicas of one model (a fleet's members) combine a state array: what each rule means
+ADD, RANGE, SLOTS, KEYED, LOCAL = "add", "range", "slots", "keyed", "local"
+MERGES = {
+    ADD: "additive: a replica's change (now - base) is added by every other (sketch cells, sums, "
+         "counts, counters, discounted loss sums)",
+    RANGE: "rating statistics [count, sum, min, max]: count and sum add, the range is the union",
+    SLOTS: "a heavy filter's exact slots: which id holds one is decided by announcements every "
+           "replica applies alike, a slot's change is a residual (stream.fleet.slots)",
+    KEYED: "rows per id that grow with the ids: no fixed shape to add changes to",
+    LOCAL: "one learner's own (a user's recent items): not shared",
+}
+
+
+class StateArray(NamedTuple):
+    """One array of a model's learnable state (``FactorizationModel.state_arrays``): the live
+    array (learning writes it in place) and how replicas merge it (a ``MERGES`` key)."""
+
+    array: np.ndarray
+    merge: str
+
 
 class FactorizationModel(ModelAPI, Ranker):
     """Biased matrix factorization learned online by SGD (or SGLD), one rating at a time.
@@ -32,12 +52,30 @@ class FactorizationModel(ModelAPI, Ranker):
     ``similar``, ``save`` and ``load`` come from ``models.api.ModelAPI``. Their
     constructor arguments are read back by name from attributes (``params``).
 
+    ``state_arrays()`` is the one public walk of the learnable state: name -> ``StateArray``
+    (the live array and its merge rule, ``MERGES``). A fleet's replicas exchange deltas of the
+    additive arrays through it (``stream.fleet``); a kind whose arrays are all additive or
+    rating statistics runs in a fleet without code of its own. A subclass names the rules of
+    its non-additive arrays in ``STATE_MERGES``.
+
     Parameters common to both: ``dim`` latent dimension d; ``lr`` learning rate eta with schedule
     eta_t = eta / (1 + t / lr_schedule_T) over epochs t; ``reg`` and ``bias_reg`` the L2 weights;
     ``init_std`` the std of the start vectors; ``sgld_temperature`` tau (None: plain SGD);
     ``clip_loss`` epsilon of the thesis's data clipping (skip a rating when (r - r^)^2 > epsilon);
     ``seed`` fixes hashing, start vectors and SGLD noise.
+
+    Examples
+    --------
+    >>> from sketchrec import BiasBaseline
+    >>> model = BiasBaseline(capacity=100)
+    >>> {name: state.merge for name, state in model.state_arrays().items()}
+    {'stats': 'range', 'counters': 'add', 'biases': 'add', 'counts': 'add'}
+    >>> _ = model.learn_many(["ann"], ["up"], [4.0])
+    >>> int(model.state_arrays()["counters"].array[0])   # the live arrays, not copies
+    1
     """
+
+    STATE_MERGES: dict[str, str] = {}   # a state array's merge rule where it is not ADD
 
     def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.085,
                  bias_reg: float | None = 0.05, init_std: float = 0.05, lr_schedule_T: float = 20.0,
@@ -133,6 +171,15 @@ class FactorizationModel(ModelAPI, Ranker):
         subclass keeps one for each, resolved: the width chosen, not None), configurations as dicts."""
         return {name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
                 for name, value in self._get_params().items()}
+
+    def state_arrays(self) -> dict[str, StateArray]:
+        """The learnable state by name, each array live (learning writes it in place) with its
+        merge rule (``MERGES``): the rating statistics (``RANGE``), the counters and the
+        checkpoint's arrays (``ADD`` unless ``STATE_MERGES`` says otherwise). What a replica of
+        a fleet publishes and adds is walked from here."""
+        arrays = {"stats": self.stats, "counters": self.counters, **self._state_arrays()}
+        return {name: StateArray(array, RANGE if name == "stats" else self.STATE_MERGES.get(name, ADD))
+                for name, array in arrays.items()}
 
     @abc.abstractmethod
     def _state_arrays(self) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ import numpy as np
 
 from sketchrec.models._dense_sgd import dense_learn, dense_predict
 from sketchrec.models._sgd import init_rows
-from sketchrec.models.base import ITEM, USER, FactorizationModel
+from sketchrec.models.base import ITEM, KEYED, USER, FactorizationModel
 
 
 class _IdTable:
@@ -57,6 +57,10 @@ class DenseMF(FactorizationModel):
     >>> 0.5 <= model.predict_one("ann", "up") <= 5.0
     True
     """
+
+    # rows per id, in the order ids came: no fixed shape that replicas could add changes to
+    STATE_MERGES = {f"{family}_{part}": KEYED for family in ("users", "items")
+                    for part in ("keys", "rows", "vectors", "biases")}
 
     def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.085,
                  bias_reg: float | None = 0.05, init_std: float = 0.05, lr_schedule_T: float = 20.0,

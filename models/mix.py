@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from sketchrec.models._sgd import DIVERGED, LEARNED, clip_to_range, record_rating
-from sketchrec.models.base import ITEM, USER, FactorizationModel
+from sketchrec.models.base import ADD, ITEM, RANGE, USER, FactorizationModel, StateArray
 from sketchrec.models.bias_baseline import BiasBaseline
 from sketchrec.models.sketch_mf import SketchMF
 
@@ -178,6 +178,17 @@ class Experts(FactorizationModel):
     def _state_arrays(self) -> dict[str, np.ndarray]:
         return {"losses": self.losses, **{f"member_{j}": np.frombuffer(m.to_bytes(), dtype=np.uint8)
                                           for j, m in enumerate(self.members_)}}
+
+    def state_arrays(self) -> dict[str, StateArray]:
+        """The combination's own arrays (the members' discounted loss sums add, as its rating
+        statistics and counters do) and every member's, named ``m{j}.{name}``: the members are
+        linear sketch structures whose changes add, so replicas of a combination exchange them
+        as they would each member's."""
+        own = {"losses": StateArray(self.losses, ADD), "stats": StateArray(self.stats, RANGE),
+               "counters": StateArray(self.counters, ADD)}
+        for j, member in enumerate(self.members_):
+            own.update({f"m{j}.{name}": state for name, state in member.state_arrays().items()})
+        return own
 
     def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.losses = arrays["losses"]

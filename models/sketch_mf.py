@@ -10,7 +10,7 @@ from sketchrec.models import steps as step_rules
 from sketchrec.models._adaptive import Accumulators
 from sketchrec.models._sgd import (LEARNED, TOTAL, sketch_factors, sketch_learn, sketch_predict,
                                    sketch_score)
-from sketchrec.models.base import ITEM, USER, FactorizationModel
+from sketchrec.models.base import ITEM, LOCAL, SLOTS, USER, FactorizationModel
 from sketchrec.models.private.dp_sgd import DPConfig, NoisyStepper
 from sketchrec.models.heavy_filter import HeavyFilter, slot_bytes
 from sketchrec.models.implicit import ImplicitHistory
@@ -85,6 +85,11 @@ class SketchMF(FactorizationModel):
     >>> model.nbytes == size, [item for item, _ in model.recommend("bob", k=2)]
     (True, ['up', 'heat'])
     """
+
+    # fleet replicas (state_arrays): the filter's slots follow announcements, the implicit
+    # history is one learner's; the cells, biases, AdaGrad sums and DP step count add
+    STATE_MERGES = {**{saved: SLOTS for saved in _FILTER_ARRAYS.values()},
+                    **{f"implicit_{n}": LOCAL for n in ("vectors", "items", "owners", "seen")}}
 
     def __init__(self, dim: int = 64, depth: int = 4, width: int | None = None,
                  space_gain: float = 1.0, capacity: int | None = None, lr: float = 0.03,

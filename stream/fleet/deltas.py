@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from sketchrec.models._sgd import COUNT, RMAX, RMIN, TOTAL
-from sketchrec.models.base import ITEM, USER
+from sketchrec.models.base import ITEM, SLOTS, USER
 from sketchrec.privacy.mode import mode_of
+from sketchrec.stream.fleet.array_replica import ArrayReplica, merge_stats  # noqa: F401 (its home was here)
 from sketchrec.stream.fleet.delta_codec import add_entries, distinct, entries_of, publish, written_indices
 from sketchrec.stream.fleet.slots import FAMILIES, FleetSlots
 from sketchrec.sketches.count_sketch import cell_indices
 
 _EMPTY = np.empty(0, np.uint64)
+# the state arrays a ModelReplica walks itself (cells and slots tracked by id, below); the
+# others of ``state_arrays()`` (statistics, counters, DP steps, AdaGrad's sums) go through an
+# ArrayReplica beside it
+_WALKED = ("vectors", "biases")
 # deferred replicas: takes and applies between two refreshes of every held slot's row (the
 # refresh hashes every held id's cells: on a fleet member it cost more than learning, py-spy)
 FULL_REFRESH_EVERY = 8
@@ -65,7 +69,8 @@ class ModelReplica:
         self.slots = FleetSlots(model, admit_after) if model.heavy.n_slots else None
         m = model
         self._cells, self._bias = m.vectors.cells.copy(), m.biases.cells.copy()
-        self._stats, self._counters, self._dp_steps = m.stats.copy(), m.counters.copy(), m.dp_steps.copy()
+        self.extra = ArrayReplica({name: state for name, state in m.state_arrays().items()
+                                   if name not in _WALKED and state.merge != SLOTS}, type(m).__name__)
         # tracked: every learned batch's keys come through touched(), so a take compares only the
         # cells and slots they address (DP-SGD puts noise on every cell: always a full pass)
         self._touched: list | None = [] if tracked and not mode_of(m).dp_sgd else None
@@ -175,12 +180,7 @@ class ModelReplica:
             self._carry = (written_indices(out, "cells"), written_indices(out, "bias"),
                            out.get("slot_keys", np.empty(0, np.uint64)),
                            out.get("slot_families", np.empty(0, np.uint8)))
-        out.update(publish(m.counters, self._counters, "counters"))
-        out.update(publish(m.dp_steps, self._dp_steps, "dp_steps"))
-        if m.stats[COUNT] != self._stats[COUNT] or m.stats[TOTAL] != self._stats[TOTAL]:
-            out["stats"] = np.array([m.stats[COUNT] - self._stats[COUNT],
-                                     m.stats[TOTAL] - self._stats[TOTAL], m.stats[RMIN], m.stats[RMAX]])
-            self._stats[...] = m.stats
+        out.update(self.extra.take())
         if self.slots is not None:
             self.slots.announce()
         if self.slots is not None and self.slots.pending:
@@ -213,15 +213,13 @@ class ModelReplica:
         """Add another replica's ``take`` to the model and to the base (ValueError if it does not
         fit this model's shape; then nothing has changed)."""
         m = self.model
-        found = self._check(arrays)
+        found, extra = self._check(arrays), self.extra.check(arrays)
+        self.extra.apply(arrays, extra)
         if self.slots is not None and ("announce_keys" in arrays or "slot_keys" in arrays):
             self._sort_touched()   # by the membership they were learned under
-        for targets in ((m.vectors.cells, m.biases.cells, m.counters, m.dp_steps, m.stats),
-                        (self._cells, self._bias, self._counters, self._dp_steps, self._stats)):
+        for targets in ((m.vectors.cells, m.biases.cells), (self._cells, self._bias)):
             for target, entries in zip(targets, found):
                 add_entries(target, entries)
-            if "stats" in arrays:
-                merge_stats(targets[-1], arrays["stats"])
         if self.slots is None:
             return
         bases = (self._cells, self._bias)
@@ -236,13 +234,10 @@ class ModelReplica:
         self._went_stale()
 
     def _check(self, arrays: dict[str, np.ndarray]) -> list:
-        """The delta's cell, bias, counter and DP-step entries (``entries_of``), checked."""
+        """The delta's cell and bias entries (``entries_of``), checked."""
         m = self.model
         found = [entries_of(arrays, name, like) for name, like in (
-            ("cells", m.vectors.cells), ("bias", m.biases.cells), ("counters", m.counters),
-            ("dp_steps", m.dp_steps))]
-        if "stats" in arrays and arrays["stats"].shape != (4,):
-            raise ValueError("delta's stats do not fit this model")
+            ("cells", m.vectors.cells), ("bias", m.biases.cells))]
         for prefix, width in (("slot", m.dim + 1), ("announce", None)):
             if prefix + "_keys" not in arrays:
                 continue
@@ -255,13 +250,3 @@ class ModelReplica:
                                    or arrays["slot_rows"].dtype not in (np.float32, np.float16)))):
                 raise ValueError(f"delta's {prefix} ids do not fit this model")
         return found
-
-
-def merge_stats(stats: np.ndarray, delta: np.ndarray) -> None:
-    """Add a delta's rating count and sum; the range becomes the union of both ranges."""
-    count, total, low, high = delta
-    if stats[COUNT] > 0:
-        low, high = min(low, stats[RMIN]), max(high, stats[RMAX])
-    stats[COUNT] += count
-    stats[TOTAL] += total
-    stats[RMIN], stats[RMAX] = low, high

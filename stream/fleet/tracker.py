@@ -19,8 +19,10 @@ True
 What a delta covers (``take``: everything changed locally since the last take; ``apply``: adds
 another member's):
 
-- the model (``models.replica.ModelReplica``): vector and bias cells, heavy-hitter slots per id,
-  rating count/sum/range, learned and skipped counters, DP steps;
+- the model (``model_replicas.replica_for``: a sketch's ``deltas.ModelReplica``, a combination's
+  members side by side): vector and bias cells, heavy-hitter slots per id, and the other arrays
+  of its ``state_arrays()`` (rating count/sum/range, counters, DP steps, AdaGrad sums, a
+  combination's loss sums);
 - the serving structures, as the keys learned since the last take: distinct (user, item) pair keys
   and user keys (the receiver adds them to its Bloom filters: the same bits as an OR of the
   filters), item keys with their counts (added to the popularity count-min sketch: the same cells
@@ -90,7 +92,7 @@ import zlib
 import numpy as np
 
 from sketchrec.stream.fleet.delta_codec import distinct
-from sketchrec.stream.fleet.deltas import ModelReplica
+from sketchrec.stream.fleet.model_replicas import replica_for
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import pair_keys
 
@@ -125,8 +127,8 @@ class DeltaTracker:
         self.applied: dict[str, int] = {}    # member -> last sequence number applied
         if recommender.popularity.sketch.conservative:
             raise ValueError("replicas need a plain count-min sketch (conservative updates do not add)")
-        self._model = ModelReplica(recommender.model, admit_after, precision, tracked=True,
-                                   deferred=True)
+        self._model = replica_for(recommender.model, admit_after, precision, tracked=True,
+                                  deferred=True)
         self._params = _params_digest(recommender.model)
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
         self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
