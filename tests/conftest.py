@@ -140,11 +140,9 @@ def own_broker(tmp_path):
         yield broker
 
 
-@pytest.fixture(scope="session", autouse=True)
-def compiled_kernels():
-    """Compile (or load from numba's cache) the learners' kernels once, before the first test, so
-    the compile time shows up here in ``--durations`` and is not charged to whichever test comes
-    first. Each learner family learns, predicts and ranks a few ratings."""
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) the learners' kernels: each learner family learns,
+    predicts and ranks a few ratings."""
     import numpy as np
 
     from sketchrec.models import DenseMF, SketchMF
@@ -157,3 +155,25 @@ def compiled_kernels():
         model.learn_many(users, items, ratings)
         model.predict_many(users, items)
         model.score_items(1, items)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per core, at most four (each worker may start a broker and a few
+    learner processes of its own; more workers than cores only make the timing tests wait)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
+
+
+def pytest_configure(config) -> None:
+    """With workers (pytest-xdist), the controller compiles the kernels into numba's cache before
+    any worker starts: otherwise every worker would compile the same kernels at once."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        compile_kernels()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels():
+    """The kernels compiled (or loaded from numba's cache) once, before the first test, so the
+    compile time shows up here in ``--durations`` and is not charged to whichever test comes
+    first."""
+    compile_kernels()
