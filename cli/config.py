@@ -28,8 +28,8 @@ def check(prog: str, ask: Ask) -> None:
 class ModelSettings:
     """The learner: its kind (mix, sketch, dense, river, bias) and hyper-parameters, DP defaults
     resolved. No --model: every command's default, the combination ``mix`` (``models.mix``),
-    except in the privacy modes (DP-SGD, SGLD, loss clipping) and a fleet, which use one learner,
-    the sketch with plain SGD, and when --lr, --reg, --optimizer or --implicit is given (they set
+    (in a fleet too), except in the privacy modes (DP-SGD, SGLD, loss clipping), which use one
+    learner, the sketch with plain SGD, and when --lr, --reg, --optimizer or --implicit is given (they set
     one learner: the sketch). Whether a kind runs with the rest is the capability table's call
     (``models.capabilities``)."""
 
@@ -51,8 +51,7 @@ class ModelSettings:
     implicit: int = 0
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, private: bool, prog: str = "replay",
-                  fleet: bool = False) -> "ModelSettings":
+    def from_args(cls, args: argparse.Namespace, private: bool, prog: str = "replay") -> "ModelSettings":
         optimizer = args.optimizer or "sgd"
         tuned = DP_DEFAULTS if private else DEFAULTS if optimizer == "sgd" else ADAGRAD_DEFAULTS
 
@@ -62,7 +61,7 @@ class ModelSettings:
 
         # --lr, --reg or --optimizer set ONE learner: given without --model they ask for one
         one = any(v is not None for v in (args.lr, args.reg, args.optimizer, args.implicit))
-        kind = args.model or (PRIVATE_KIND if private or one or fleet or args.sgld is not None
+        kind = args.model or (PRIVATE_KIND if private or one or args.sgld is not None
                               or args.clip_loss is not None else DEFAULT_KIND)
         if kind == "mix" and one:   # the table's line: --lr and --reg are no column of their own
             which = ("feature", "implicit") if args.implicit else ("optimizer", "sgd")

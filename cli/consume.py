@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sketchrec.cli.config import (JOINT, DPSettings, ModelSettings, MonitorSettings, ServingSettings,
                                   check, features_of, refuse)
 from sketchrec.cli.options import Parser, add_model_args, add_model_kind_arg, add_monitor_args, add_serving_args
-from sketchrec.models.capabilities import Ask
+from sketchrec.models.capabilities import DEFAULT_KIND, PRIVATE_KIND, Ask
 from sketchrec.cli.feedback import topic_feedback
 from sketchrec.cli.serving import on_stop_signal, start_server
 from sketchrec.stream.health import BROKER_LOST_AFTER
@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     fleet = ap.add_argument_group("fleet (README 'Scaling out'): many processes of one group share one model")
     fleet.add_argument("--fleet", action="store_true",
                        help="join a fleet: with --group and without --checkpoint; learn from the "
-                       "partitions the group gives this process, share the model over --model-topic")
+                       f"partitions the group gives this process, share the model over --model-topic; "
+                       f"the learner is --model's (default {DEFAULT_KIND}, the default learner; "
+                       f"{PRIVATE_KIND} in the privacy modes)")
     fleet.add_argument("--model-topic", metavar="TOPIC", help="the fleet's model topic (default TOPIC.model)")
     fleet.add_argument("--sync-ms", type=float, default=200.0, metavar="MS",
                        help="publish this member's delta every MS milliseconds")
@@ -101,7 +103,7 @@ class ConsumeConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace, ap: argparse.ArgumentParser) -> "ConsumeConfig":
         dp = DPSettings.from_args(args)
-        model = ModelSettings.from_args(args, dp.enabled, PROG, fleet=args.fleet)
+        model = ModelSettings.from_args(args, dp.enabled, PROG)
         mode = dp.mode(False, args.ldp_debias, args.sgld, args.clip_loss)
         serving = ServingSettings.from_args(args, PROG)
         # the capability table first: a combination that cannot run is refused before the options

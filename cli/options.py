@@ -156,8 +156,8 @@ def add_model_kind_arg(ap: argparse.ArgumentParser, kinds: tuple[str, ...]) -> N
     """--model, the same default in every command (the capability table's ``DEFAULT_KIND``),
     each kind described by the table."""
     described = "; ".join(f"{k}: {KINDS[k].summary}" for k in kinds)
-    ap.add_argument("--model", choices=kinds, help=f"the learner (default {DEFAULT_KIND}; the "
-                    f"privacy modes, a fleet, and --lr/--reg/--optimizer/--implicit use one "
+    ap.add_argument("--model", choices=kinds, help=f"the learner (default {DEFAULT_KIND}, in a "
+                    f"fleet too; the privacy modes and --lr/--reg/--optimizer/--implicit use one "
                     f"learner, {PRIVATE_KIND}). {described}. `sketchrec modes` shows what each "
                     "runs with")
 

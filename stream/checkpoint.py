@@ -5,10 +5,12 @@ directory fsynced, so a crash leaves either the old file or the new one, never h
 file carries a SHA-256 of its body; loading verifies it and falls back to the newest older file
 that verifies, so a corrupt or truncated checkpoint costs one interval, never the whole state.
 
-File layout: b"SKCP" | u32 header length | header JSON {seq, meta, parts: [[name, length]], sha256,
-sha256_all} | part bytes in order. ``sha256_all`` covers the body AND the canonical JSON of seq,
-meta and parts, so the privacy ledger in the meta is checked too (a one-byte edit of it once set
-epsilon to 0, defect D8).
+File layout: a ``sketchrec.frame`` of kind b"SKCP" whose header holds {seq, meta, sha256,
+sha256_all} beside the frame's part list, and whose parts are the named blobs. ``sha256`` covers
+the parts' bytes; ``sha256_all`` covers them AND the canonical JSON of seq, meta and the part
+list, so the privacy ledger in the meta is checked too (a one-byte edit of it once set epsilon to
+0, defect D8). Files written before the frame module (version 1: ``parts: [[name, length]]``)
+still load.
 
 The privacy ledger is never lost or restarted silently: a directory whose checkpoints hold a
 ledger refuses to load when a newer file does not verify (falling back would under-count the
@@ -35,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sketchrec import frame
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.ledger import LedgerIntegrityError, reconcile, seal
 from sketchrec.privacy.ledger import extends as _extends
@@ -68,6 +71,11 @@ class Checkpoint:
 def _digest(seq: int, meta: dict, parts: list, body: bytes) -> str:
     signed = json.dumps({"seq": seq, "meta": meta, "parts": parts}, sort_keys=True).encode()
     return hashlib.sha256(struct.pack("<Q", len(signed)) + signed + body).hexdigest()
+
+
+def _version_1(header: dict) -> list:
+    """A checkpoint written before the frame module: its parts as [name, length] pairs."""
+    return [{"name": name, "length": length} for name, length in header["parts"]]
 
 
 class CheckpointStore:
@@ -106,16 +114,17 @@ class CheckpointStore:
         if meta.get(LEDGER):   # recorded outside the directory before any file shows it
             meta[LEDGER_MAC] = seal(self.directory, meta[LEDGER])
         body = b"".join(parts.values())
-        layout = [[name, len(blob)] for name, blob in parts.items()]
-        header = json.dumps({"seq": seq, "meta": meta, "parts": layout,
-                             "sha256": hashlib.sha256(body).hexdigest(),
-                             "sha256_all": _digest(seq, meta, layout, body)}).encode()
+        layout = frame.layout(parts)
+        chunks = frame.encode_chunks(MAGIC, {"seq": seq, "meta": meta,
+                                             "sha256": hashlib.sha256(body).hexdigest(),
+                                             "sha256_all": _digest(seq, meta, layout, body)},
+                                     parts, checksum=False)   # the SHA-256s above cover them
         final = self.directory / f"ckpt-{seq:012d}.skc"
         tmp = final.with_suffix(".tmp")
         try:
             with open(tmp, "wb") as fh:
-                fh.write(MAGIC + struct.pack("<I", len(header)) + header)
-                fh.write(body)
+                for chunk in chunks:
+                    fh.write(chunk)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
@@ -135,18 +144,10 @@ class CheckpointStore:
     @staticmethod
     def read(path: Path) -> Checkpoint:
         """Read and verify one checkpoint file; ValueError if it is corrupt or truncated."""
-        blob = path.read_bytes()
-        if blob[:4] != MAGIC or len(blob) < 8:
-            raise ValueError(f"{path.name}: not a checkpoint")
-        (hlen,) = struct.unpack("<I", blob[4:8])
-        try:
-            header = json.loads(blob[8:8 + hlen])
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise ValueError(f"{path.name}: corrupt header") from None
-        if not isinstance(header, dict) or not _HEADER_KEYS <= header.keys() or not isinstance(
-                header["meta"], dict) or not isinstance(header["parts"], list):
+        got = frame.decode(path.read_bytes(), MAGIC, path.name, legacy=_version_1)
+        header, body = got.header, got.body
+        if not _HEADER_KEYS <= header.keys() or not isinstance(header["meta"], dict):
             raise ValueError(f"{path.name}: corrupt header (a key is missing or renamed)")
-        body = blob[8 + hlen:]
         if hashlib.sha256(body).hexdigest() != header.get("sha256"):
             raise ValueError(f"{path.name}: checksum mismatch (corrupt or truncated)")
         has_ledger = bool(header.get("meta", {}).get(LEDGER))
@@ -155,14 +156,7 @@ class CheckpointStore:
                 raise LedgerIntegrityError(
                     f"{path.name}: the header (metadata{', privacy ledger' if has_ledger else ''}) "
                     "does not match its checksum: edited or corrupt; refusing it")
-        parts, pos = {}, 0
-        try:
-            for name, length in header["parts"]:
-                parts[name] = body[pos:pos + length]
-                pos += length
-        except (TypeError, ValueError):
-            raise ValueError(f"{path.name}: corrupt header (parts)") from None
-        return Checkpoint(header["seq"], header["meta"], parts, path)
+        return Checkpoint(header["seq"], header["meta"], got.parts, path)
 
     def latest(self) -> Checkpoint | None:
         """The newest checkpoint that verifies (older ones are tried when newer ones are corrupt).
