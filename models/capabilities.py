@@ -42,8 +42,8 @@ AXIS_HELP = {
     "feature": "--checkpoint, --audit-canaries, --topn, --implicit K",
 }
 
-DEFAULT_KIND = "mix"   # every command's default learner (replay, consume, serve's readers)
-PRIVATE_KIND = "sketch"  # the privacy modes' and the fleet's learner when no --model is given
+DEFAULT_KIND = "mix"   # every command's default learner (replay, consume and its fleet, serve's readers)
+PRIVATE_KIND = "sketch"  # the privacy modes' learner when no --model is given
 # (a DP fleet runs it with DP-SGD and no private fallback: the dp-fallback row's fleet cell)
 
 
@@ -102,6 +102,7 @@ _DP_NEEDS_SKETCH = no("DP-SGD is implemented for one sketch model", _ONE)
 _JOINT_IS_A_KIND = no("the joint-DP mode is its own learner (private biases and item factors)",
                       "give `replay --holdout F --dp-epsilon E --dp-model joint` without --model")
 _CHECKPOINTS = "--model sketch, dense, mix or bias"
+_FLEET_KINDS = "a fleet runs the default learner (mix), sketch or bias"
 _STEPS_OF_ONE = no("--optimizer sets the steps of one factor model", "give --model sketch with it")
 
 
@@ -119,10 +120,6 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
              **_refuse(AXES["optimizer"], no(
                  "--lr, --reg, --optimizer and --implicit set one learner, and the combination "
                  "(--model mix) tunes its members itself", "give --model sketch with them"), "optimizer"),
-             ("input", "fleet"): no("fleet members exchange one sketch model's cells, not the "
-                                    "combination's members",
-                                    "give --model sketch (a fleet's default) or run one consumer"),
-             ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
              ("serving", "joint-read-only"): na("only the joint-DP model is served read-only after its fit"),
              ("feature", "implicit"): no(
                  "--implicit sets one learner; the combination turns the term on itself when it "
@@ -136,11 +133,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         **_refuse(_DP, _DP_NEEDS_SKETCH), **_refuse(_JOINT, _JOINT_IS_A_KIND),
         **_refuse(AXES["optimizer"][1:], no("AdaGrad steps are implemented for the sketch model",
                                             "give --model sketch --optimizer adagrad"), "optimizer"),
-        ("input", "fleet"): no("fleet members exchange a sketch's fixed cells; a dense model grows",
-                               "give --model sketch"),
+        ("input", "fleet"): no("fleet members add each other's changes to fixed arrays; a dense "
+                               "model's rows grow with the ids", "leave --model out (the default "
+                               "learner, mix) or give --model sketch or bias"),
         ("serving", "workers"): no("a dense model grows with the ids, so reader processes cannot "
                                    "share its arrays", "serve it with --workers 1, or use --model sketch"),
-        ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
+        ("serving", "fleet-replica"): na(_FLEET_KINDS),
         ("serving", "joint-read-only"): na("only the joint-DP model is served read-only after its fit"),
         ("feature", "implicit"): no("the implicit term is implemented for the sketch model",
                                     "give --model sketch --implicit K"),
@@ -156,7 +154,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         **_refuse(("thread", "workers"), no("river's model has no checkpoint or shared form to "
                                             "serve from", f"serve {_CHECKPOINTS}"), "serving"),
         ("serving", "replica"): na("river's model has no checkpoint to serve"),
-        ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
+        ("serving", "fleet-replica"): na(_FLEET_KINDS),
         ("serving", "joint-read-only"): na("only the joint-DP model is served read-only after its fit"),
         **_refuse(("checkpoint", "canaries"), no("river's model has no checkpoint form",
                                                  f"give {_CHECKPOINTS}"), "feature"),
@@ -172,8 +170,6 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         **_refuse(_DP, _DP_NEEDS_SKETCH), **_refuse(_JOINT, _JOINT_IS_A_KIND),
         **_refuse(AXES["optimizer"], no("the bias baseline takes no gradient steps",
                                         "leave --optimizer out, or give --model sketch"), "optimizer"),
-        ("input", "fleet"): no("fleet members exchange one sketch model's cells", "give --model sketch"),
-        ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
         ("serving", "joint-read-only"): na("only the joint-DP model is served read-only after its fit"),
         ("feature", "implicit"): no("the implicit term is implemented for the sketch model",
                                     "give --model sketch --implicit K"),
@@ -193,7 +189,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
              ("serving", "thread"): na("the joint-DP model is served read-only (joint-read-only)"),
              ("serving", "workers"): no("the joint-DP model is served read-only from one process",
                                         "serve it with --workers 1"),
-             ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
+             ("serving", "fleet-replica"): na(_FLEET_KINDS),
              **{("feature", f): no(f"the joint-DP mode (--dp-model joint) does not take {option}: "
                                    "it is fitted in one batch", "use --dp-model sgd")
                 for f, option in (("canaries", "--audit-canaries"), ("topn", "--topn"),
@@ -207,7 +203,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
              ("input", "fleet"): na("a fleet runs the DP-SGD sketch model itself (the sketch row), "
                                     "without the private fallback, whose windowed releases and "
                                     "choice are one learner's"),
-             ("serving", "fleet-replica"): na("a fleet runs one sketch model"),
+             ("serving", "fleet-replica"): na(_FLEET_KINDS),
              ("serving", "joint-read-only"): na("only the joint-DP model is served read-only after its fit"),
              ("feature", "topn"): no("--topn cuts the stream's batches at its events, which would "
                                      "move DP-SGD's noisy steps", "measure top-N without DP"),

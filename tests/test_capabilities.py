@@ -239,14 +239,14 @@ def _ratings():
 
 def _fleet_cycle(kind, argv, config=None) -> None:
     """Two replicas of the fleet's model: what one learns reaches the other as a delta."""
-    from sketchrec.stream.fleet.deltas import ModelReplica
+    from sketchrec.stream.fleet.model_replicas import replica_for
     if config is None:
         from sketchrec.cli.consume import ConsumeConfig, build_parser
         ap = build_parser()
         config = ConsumeConfig.from_args(ap.parse_args(["--bootstrap", "127.0.0.1:1", "--topic", "t",
                                                         "--fleet", "--group", "g", "--model", kind]), ap)
     a, b = config.model.build(200), config.model.build(200)
-    ra, rb = ModelReplica(a), ModelReplica(b)
+    ra, rb = replica_for(a), replica_for(b)
     users, items, ratings = _ratings()
     a.learn_many(users, items, ratings)
     rb.apply(ra.take())

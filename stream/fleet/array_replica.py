@@ -53,6 +53,15 @@ class ArrayReplica:
         self.rules = {name: state.merge for name, state in arrays.items()}
         self.base = {name: array.copy() for name, array in self.arrays.items()}
 
+    def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        """Nothing to track: a take compares every entry (the arrays are small beside a factor
+        model's cells)."""
+
+    observe = touched
+
+    def ready(self, full: bool = False) -> None:
+        """Nothing held apart to refresh (no heavy slots)."""
+
     def take(self) -> dict[str, np.ndarray]:
         """The changes since the base ({} if none); the base moves to now."""
         out: dict[str, np.ndarray] = {}

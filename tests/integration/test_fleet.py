@@ -23,7 +23,7 @@ from sketchrec.stream.kafka.producer import ensure_topic
 from conftest import free_port, stop_processes
 
 N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 300_000))  # fewer on a slow machine
-MODEL = ["--dim", "8", "--capacity", "6000", "--seed", "3"]
+MODEL = ["--model", "sketch", "--dim", "8", "--capacity", "6000", "--seed", "3"]
 
 
 def member_cmd(bootstrap, topic, port):
@@ -119,7 +119,7 @@ def cli_model():
     from sketchrec.cli.consume import build_parser
     from sketchrec.cli.config import ModelSettings
     args = build_parser().parse_args(["--bootstrap", "x", "--topic", "t", *MODEL])
-    return ModelSettings.from_args(args, False, fleet=True).build(args.capacity)
+    return ModelSettings.from_args(args, False).build(args.capacity)
 
 
 @pytest.fixture(scope="module", autouse=True)
