@@ -20,6 +20,8 @@ from numba import njit
 
 from sketchrec.sketches.cosine import CosineSketch
 
+ENCODE_ROWS = 2048   # rows encoded at once: bounds the transient memory of a (re)build
+
 
 @njit(nogil=True, cache=True)
 def _score_rows(vectors, biases, rows, query, out):
@@ -72,8 +74,13 @@ class RetrievalIndex:
         return np.hstack([a, tail[:, None]]) / self.scale
 
     def _encode(self, points: np.ndarray) -> np.ndarray:
-        packed = self.sketch.encode(points)  # (n, bits / 8) uint8
-        return np.ascontiguousarray(packed).view(np.uint64)
+        """Codes (n, bits / 64) of ``points``, ``ENCODE_ROWS`` at a time: qoLSH's work arrays take
+        ~10 KB a row, which over a whole catalogue was the index's peak memory, not its size."""
+        codes = np.empty((len(points), self.bits // 64), dtype=np.uint64)
+        for start in range(0, len(points), ENCODE_ROWS):
+            packed = self.sketch.encode(points[start:start + ENCODE_ROWS])  # (rows, bits / 8) uint8
+            codes[start:start + len(packed)] = np.ascontiguousarray(packed).view(np.uint64)
+        return codes
 
     def update(self, vectors: np.ndarray, biases: np.ndarray) -> int:
         """Adopt the current item vectors (rows in a stable order; new items appended at the end);

@@ -146,3 +146,32 @@ def test_serving_readers_follow_the_compacted_catalogue():
         assert rec.catalogue.generation >= 3
     finally:
         block.unlink()
+
+
+def test_an_index_build_peaks_near_its_own_size(monkeypatch):
+    """Building the retrieval index over a full catalogue holds little beyond the index itself:
+    qoLSH's work arrays (~10 KB a row) are taken a chunk of rows at a time. Encoding every row at
+    once, as before, peaked at ten times the index's size; the codes are the same either way."""
+    import tracemalloc
+
+    from sketchrec.stream import retrieval
+    rng = np.random.default_rng(0)
+    n = 12_000
+    vectors, biases = rng.normal(0, 0.1, (n, DIM)).astype(np.float32), rng.normal(0, 0.1, n)
+
+    def build():
+        index = retrieval.RetrievalIndex(DIM, bits=128)
+        tracemalloc.start()
+        try:
+            index.update(vectors, biases)
+            return index, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    index, peak = build()
+    bound = 2 * index.nbytes + 24 * 2**20
+    assert peak < bound, (peak, index.nbytes)
+    monkeypatch.setattr(retrieval, "ENCODE_ROWS", n)   # the broken variant: all rows at once
+    whole, whole_peak = build()
+    assert whole_peak > bound, (whole_peak, bound)
+    assert np.array_equal(whole.codes, index.codes)
