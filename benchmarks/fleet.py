@@ -16,7 +16,10 @@ measured in one run, so that the ratios hold on a busy machine:
   (``cpu_per_rating_ratio``: machine-independent, unlike rates on a shared machine; what M members
   on M cores would do follows from it, docs/scaling.md). A member's CPU-seconds are sampled from
   /proc every 50 ms and taken between its first and last learned batch (not its start-up nor its
-  idle wait before exiting); the plain learner's are this process's while it runs,
+  idle wait before exiting); the plain learner's likewise (this process's, every thread, from its
+  first to its last learned poll). Every kernel is compiled first, in this process
+  (``fleet_cpu.warm_kernels``): a member that compiled while measured would count minutes of
+  compiling as sync (the report says ``sources_changed`` when the sources changed during the run),
 - the delta bytes the members published per rating of the stream.
 
 The last line printed is the report as one JSON object, with ``cpu_per_rating_ratio`` and
@@ -44,8 +47,9 @@ import numpy as np
 
 from sketchrec.data import Ratings, read_ratings
 from sketchrec.benchmarks import data_file
-from sketchrec.benchmarks.kafka import _tansu, add_stream_args, bare_consume, learn_from
-from sketchrec.benchmarks.fleet_cpu import _sample_cpu, cpu_between, cpu_seconds, sync_breakdown  # noqa: F401
+from sketchrec.benchmarks.kafka import _tansu, add_stream_args, bare_consume
+from sketchrec.benchmarks.fleet_cpu import (_sample_cpu, cpu_between, cpu_seconds, plain_learner,  # noqa: F401
+                                            sync_breakdown, warm_kernels)
 from sketchrec.stream.kafka.producer import order_for_topic, produce
 
 PARTITIONS = 4
@@ -61,8 +65,9 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
     and can finish whole partitions before the others get theirs (a fetch takes up to 16 MB of
     each), leaving no span where the members learn side by side."""
     topic = f"bench-fleet-{n}-{uuid.uuid4().hex[:6]}"
+    # --model sketch: the plain learner's model (whatever the fleet's default learner is)
     cmd = [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
-           "--group", f"g-{topic}", "--fleet", "--model-topic", f"{topic}.model",
+           "--group", f"g-{topic}", "--fleet", "--model", "sketch", "--model-topic", f"{topic}.model",
            "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle)]
     cmd += ["--sync-ratings", str(sync_ratings)] if sync_ratings else []
     procs: list[subprocess.Popen] = []
@@ -109,6 +114,14 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
     for report, series in zip(reports, samples):
         report["cpu_learning_s"] = cpu_between(series, report["first_at"], report["last_at"])
     return reports
+
+
+def _sources_stamp() -> str:
+    """The kernels' source state (``sketchrec._kernel_cache``): a change during the run means the
+    members compiled while measured."""
+    from sketchrec import _kernel_cache
+    roots = _kernel_cache._roots()
+    return _kernel_cache.sources_stamp(roots, tuple(_kernel_cache._roots(_kernel_cache.NUMBA_ONLY)))
 
 
 def _ratios(report: dict, forms: list[str], sizes: list[int]) -> None:
@@ -284,15 +297,16 @@ def measure(args: argparse.Namespace) -> dict:
                                      data.timestamps) for c in range(args.copies)])
     n, capacity = len(copies), args.copies * data.n_ids()
     report: dict = {"ratings": n, "sync_ratings": args.sync_ratings}
+    stamp = _sources_stamp()
+    warm_kernels()   # the members load what this compiled: no compiling inside a measured span
     known = {"csv": ("csv_per_message", 1), "batched": (f"batched_{args.batch}", args.batch)}
     for form, batch in (known[key] for key in args.forms if key in known):   # in the order asked
         topic = f"bench-fleet-{form}-{uuid.uuid4().hex[:6]}"
         sent = produce(copies, args.bootstrap, topic, batch=batch, partitions=PARTITIONS)
         bare = bare_consume(args.bootstrap, topic, sent["messages"]) * n / sent["messages"]
         compiled = bare_consume(args.bootstrap, topic, sent["messages"], compiled=True) * n / sent["messages"]
-        cpu0 = time.process_time()   # this process's, every thread: the plain learner runs here
-        plain = learn_from(args.bootstrap, topic, capacity, n)
-        plain_cpu = (time.process_time() - cpu0) / n
+        lone = plain_learner(args.bootstrap, topic, capacity, n)   # over its span, as a member's
+        plain, plain_cpu = lone["ratings_per_s"], lone["cpu_s_per_rating"]
         r = {"bare_consume_ratings_per_s": bare, "bare_compiled_reader_ratings_per_s": compiled,
              "plain_learner_ratings_per_s": plain, "plain_cpu_us_per_rating": plain_cpu * 1e6,
              "members": {}}
@@ -320,10 +334,16 @@ def measure(args: argparse.Namespace) -> dict:
         from sketchrec.stream.fleet.member import DRIFT_RATINGS, SYNC_RATINGS
         report["in_process"] = {}
         for m in (m for m in args.members if m > 1):   # at the members' default interval
-            b = report["in_process"][str(m)] = sync_breakdown(data, m, max(SYNC_RATINGS, DRIFT_RATINGS // (m - 1)))
+            every = args.sync_ratings or max(SYNC_RATINGS, DRIFT_RATINGS // (m - 1))
+            b = report["in_process"][str(m)] = sync_breakdown(data, m, every)
             say(f"in one process, M={m} every {b['every']:,}: per rating learn {b['learn_cpu_us_per_rating']:.2f}, "
                 f"take {b['take_cpu_us_per_rating']:.2f}, apply {b['apply_cpu_us_per_rating']:.2f} CPU-us "
-                f"(plain {b['plain_cpu_us_per_rating']:.2f}): {b['cpu_per_rating_ratio']:.2f}x", flush=True)
+                f"(plain {b['plain_cpu_us_per_rating']:.2f}): {b['cpu_per_rating_ratio']:.2f}x; "
+                f"prequential RMSE {b['rmse_ratio']:.4f}x the plain learner's", flush=True)
+    if _sources_stamp() != stamp:   # the members compiled their kernels while measured
+        report["sources_changed"] = True
+        say("warning: the kernel sources changed during the run (their compile counted in the "
+            "members' CPU): run again", flush=True)
     if not args.no_snapshot:
         report["snapshot"] = snap = snapshot_speed(args.bootstrap)
         say(f"snapshot of {snap['state_bytes'] / 1e6:.0f} MB ({snap['compressed_bytes'] / 1e6:.0f} MB "

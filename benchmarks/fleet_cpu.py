@@ -1,6 +1,8 @@
 """The fleet benchmark's CPU accounting (``sketchrec bench fleet``): a member process's
-CPU-seconds sampled from /proc and taken over its learning span, and where a fleet's CPU goes in
-one process without a broker (``sync_breakdown``)."""
+CPU-seconds sampled from /proc and taken over its learning span, a plain learner's taken over its
+learning span the same way (``plain_learner``), the kernels compiled before either is measured
+(``warm_kernels``), and where a fleet's CPU goes in one process without a broker
+(``sync_breakdown``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 import numpy as np
 
 from sketchrec.data import Ratings
+from sketchrec.stream.kafka.consumer import KafkaLearner, resume_or_create
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -45,13 +48,60 @@ def cpu_between(series: list[tuple[float, float]], start: float | None, end: flo
     return float(np.interp(end, times, used) - np.interp(start, times, used))
 
 
+class _SpanLearner(KafkaLearner):
+    """A plain learner that notes this process's CPU-seconds (every thread, as /proc counts a
+    member's) and the wall clock at the start of its first learned poll and at the end of each,
+    the span a member's CPU is taken over (``cpu_between``)."""
+
+    first: tuple[float, float] | None = None
+    last: tuple[float, float] | None = None
+
+    def _learn(self, records: dict) -> None:
+        if self.first is None:
+            self.first = (time.process_time(), time.time())
+        super()._learn(records)
+        self.last = (time.process_time(), time.time())
+
+
+def plain_learner(bootstrap: str, topic: str, capacity: int, n_ratings: int) -> dict:
+    """One plain learner (``consume --checkpoint``: a ``SketchMF`` for ``capacity`` ids, as a
+    member's ``--model sketch``) over ``topic`` in this process: its ratings/s and CPU-seconds per
+    rating from its first to its last learned poll (start-up and the idle wait at the end left
+    out, as for a member)."""
+    import tempfile
+
+    from sketchrec.models import SketchMF
+    from sketchrec.models.registry import MODELS
+    with tempfile.TemporaryDirectory() as ckpt:
+        service = resume_or_create(ckpt, lambda: SketchMF(capacity=capacity), model_classes=MODELS,
+                                   pair_capacity=2 * n_ratings)
+        learner = _SpanLearner(service, bootstrap, topic, checkpoint_every=50_000)
+        learner.run(idle_exit=1.0)
+        assert service.ratings_learned == n_ratings, service.ratings_learned
+    (cpu0, t0), (cpu1, t1) = learner.first, learner.last
+    return {"ratings_per_s": n_ratings / max(t1 - t0, 1e-9), "cpu_s_per_rating": (cpu1 - cpu0) / n_ratings}
+
+
+def warm_kernels() -> None:
+    """Compile (or load) every kernel a plain learner and a fleet member run, here, before
+    anything is measured: numba's cache is keyed by the state of the sources
+    (``sketchrec._kernel_cache``), so after any edit of a kernel module the first process
+    compiles them all (minutes of CPU on a loaded machine). Without this the plain learner's
+    compile would count in its CPU, and every member's in its learning span (started together,
+    each compiles its own)."""
+    from sketchrec.data import SyntheticStream
+    # a few hundred ids seen often: heavy slots are announced, admitted and evicted
+    sync_breakdown(SyntheticStream(20_000, n_users=300, n_items=200, seed=0).all(), 2, 2_000, dim=8)
+
+
 def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
     """Where a fleet's CPU goes, in one process without a broker: ``m`` replicas of one
     recommender (``DeltaTracker``) learn the ratings of their users (user id mod ``m``, as a topic
     keyed by user partitions them) ``every`` ratings at a time, take a delta and apply the others'
     (decoding included), against one plain learner over the same ratings in chunks of
-    ``every``: CPU-microseconds per rating of each step, summed over the replicas, and their
-    ratio to the plain learner's. Fetching, JSON parsing and Kafka are left out (the same for a
+    ``every``: CPU-microseconds per rating of each step, summed over the replicas, their ratio to
+    the plain learner's, and the fleet's prequential RMSE over the plain learner's
+    (``rmse_ratio``: what syncing less often costs in accuracy). Fetching, JSON parsing and Kafka are left out (the same for a
     plain learner and a member, per rating)."""
     from sketchrec.models import SketchMF
     from sketchrec.stream.fleet.tracker import DeltaTracker
@@ -60,23 +110,24 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
     def recommender():
         return Recommender(SketchMF(capacity=data.n_ids(), dim=dim), pair_capacity=4 * len(data))
 
-    def learn(rec, idx) -> None:
-        rec.learn_many(data.users[idx], data.items[idx], data.ratings[idx])
+    def learn(rec, idx) -> float:   # squared prequential errors
+        predictions = rec.learn_many(data.users[idx], data.items[idx], data.ratings[idx])
+        return float(np.sum((np.asarray(predictions) - data.ratings[idx]) ** 2))
 
     recommender().learn_many([1], [1], [3.0])   # kernels compiled outside the timings
-    plain, t0 = recommender(), time.process_time()
+    plain, t0, plain_se = recommender(), time.process_time(), 0.0
     for start in range(0, len(data), every):
-        learn(plain, slice(start, start + every))
+        plain_se += learn(plain, slice(start, start + every))
     plain_s = time.process_time() - t0
     recs = [recommender() for _ in range(m)]
     trackers = [DeltaTracker(rec) for rec in recs]
     parts = [np.flatnonzero(data.users % m == k) for k in range(m)]
-    spent, sent = {"learn": 0.0, "take": 0.0, "apply": 0.0}, 0
+    spent, sent, fleet_se = {"learn": 0.0, "take": 0.0, "apply": 0.0}, 0, 0.0
     for start in range(0, max(map(len, parts)), every):
         blobs = []
         for rec, tracker, part in zip(recs, trackers, parts):
             t0 = time.process_time()
-            learn(rec, part[start:start + every])
+            fleet_se += learn(rec, part[start:start + every])
             t1 = time.process_time()
             blobs.append(tracker.take())
             spent["learn"] += t1 - t0
@@ -91,4 +142,5 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
     n = len(data)
     out = {f"{step}_cpu_us_per_rating": s / n * 1e6 for step, s in spent.items()}
     return {"members": m, "every": every, "plain_cpu_us_per_rating": plain_s / n * 1e6, **out,
-            "cpu_per_rating_ratio": sum(spent.values()) / plain_s, "delta_bytes_per_rating": sent / n}
+            "cpu_per_rating_ratio": sum(spent.values()) / plain_s, "delta_bytes_per_rating": sent / n,
+            "rmse_ratio": float(np.sqrt(fleet_se / plain_se)) if plain_se else 1.0}
