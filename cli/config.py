@@ -160,6 +160,7 @@ class ServingSettings:
     workers: int | None = None              # --workers; None: one per core
     worker_nice: int = 0                    # --worker-nice
     items: Path | None = None               # --items: titles on the served answers
+    max_items: int | None = None            # --max-items; None: what the model is sized for
 
     @property
     def explicit_workers(self) -> str | None:
@@ -174,7 +175,14 @@ class ServingSettings:
             refuse(prog, ["--items names the titles of the served answers; give --serve with it"])
         return cls(parse_host_port(args.serve) if args.serve else None, args.admin_token,
                    args.checkpoint, ACCESS[args.access_control], args.workers, args.worker_nice,
-                   Path(items) if items else None)
+                   Path(items) if items else None, getattr(args, "max_items", None))
+
+    def bound(self, service):
+        """``service`` with its catalogue held to --max-items (one restored from a checkpoint or a
+        snapshot with more items is compacted now); unchanged without the option."""
+        if self.max_items is not None:
+            service.recommender.catalogue.resize(self.max_items)
+        return service
 
 
 @dataclass(frozen=True)
@@ -237,6 +245,8 @@ def replay_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
             *((flag, not synthetic, "is a property of the synthetic stream; leave out PATH")
               for flag in ("--synthetic-ratings", "--synthetic-users", "--synthetic-items", "--synthetic-noise")),
             *((flag, synthetic, "describes a ratings file; give PATH") for flag in ("--columns", "--sep")),
+            ("--max-items", not (args.serve or args.checkpoint), "bounds what a service keeps for "
+             "serving: give --serve or --checkpoint with it"),
             *((flag, args.ldp_epsilon is None, "describes --ldp-epsilon's mechanism; give it too") for flag in
               ("--ldp-range", "--ldp-debias"))]
 

@@ -168,10 +168,11 @@ def open_service(config: ConsumeConfig):
     from sketchrec.models.private.fallback import with_fallback  # DP: never worse than the baseline
     from sketchrec.cli.display import say
     settings.warm(dp, say, PROG)   # compiled before the service's clock starts: not in its ratings/s
-    return resume_or_create(config.serving.checkpoint,
-                            lambda: with_fallback(settings.build(config.capacity, dp, PROG), config.capacity),
-                            pair_capacity=config.expected_ratings, seed=settings.seed,
-                            monitor=config.monitor.build(settings.seed), debias_ldp=config.ldp_debias)
+    return config.serving.bound(resume_or_create(
+        config.serving.checkpoint,
+        lambda: with_fallback(settings.build(config.capacity, dp, PROG), config.capacity),
+        pair_capacity=config.expected_ratings, seed=settings.seed,
+        monitor=config.monitor.build(settings.seed), debias_ldp=config.ldp_debias))
 
 
 def start(config: ConsumeConfig):

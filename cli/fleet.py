@@ -28,8 +28,8 @@ def run_member(config) -> int:
     dp, ledger = fleet_dp(config)
 
     def empty() -> Recommender:  # the first member's model is every member's starting point
-        return Recommender(settings.build(config.capacity, dp, prog),
-                           pair_capacity=config.expected_ratings, seed=settings.seed)
+        return Recommender(settings.build(config.capacity, dp, prog), seed=settings.seed,
+                           pair_capacity=config.expected_ratings, max_items=config.serving.max_items)
 
     def join(service) -> FleetLearner:
         return FleetLearner(service, config.bootstrap, config.topic, config.group,
@@ -37,7 +37,8 @@ def run_member(config) -> int:
                             dead_topic=config.dead_topic, rating_range=config.rating_range)
 
     try:
-        service = open_replica(config.bootstrap, fleet.model_topic, empty, member, dp=ledger)
+        service = config.serving.bound(open_replica(config.bootstrap, fleet.model_topic, empty, member,
+                                                    dp=ledger))
         if service.fleet.dp != ledger:   # its first member's options decided the fleet's model
             print(f"{prog}: the fleet on {fleet.model_topic} learns {_mode_words(service.fleet.dp)}, "
                   f"this member was asked for {_mode_words(ledger)}; start every member with the "
@@ -72,7 +73,8 @@ def run_member(config) -> int:
                   f"snapshot and the model topic, rejoining as {member}", file=sys.stderr, flush=True)
             # a fleet member serves from its own process (serving.shared.shareable), whose
             # endpoint reads service.recommender at every request: the swap is all it needs
-            rejoined = _rejoin(lambda: rebuild(service, config.bootstrap, fleet.model_topic, member),
+            rejoined = _rejoin(lambda: (rebuild(service, config.bootstrap, fleet.model_topic, member),
+                                        config.serving.bound(service)),
                                lambda: join(service), stopping, service.health)
             if rejoined is None:
                 break   # stopped while the broker was still away
@@ -154,7 +156,7 @@ def serve_replica(args, serving) -> int:
     from sketchrec.stream.fleet.model_topic import model_topic
     topic = model_topic(args.topic, args.model_topic)
     try:
-        service = open_replica(args.bootstrap, topic, wait=args.wait)
+        service = serving.bound(open_replica(args.bootstrap, topic, wait=args.wait))
         replica = FleetReplica(service, args.bootstrap, topic).start()
     except (KafkaError, TimeoutError) as exc:
         print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)

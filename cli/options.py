@@ -277,6 +277,17 @@ def add_serving_args(ap: argparse.ArgumentParser) -> None:
     add_access_args(ap)
     add_workers_arg(ap, nice=LEARNING_NICE)
     add_items_arg(ap)
+    add_max_items_arg(ap)
+
+
+def add_max_items_arg(ap: argparse.ArgumentParser) -> None:
+    """--max-items: what bounds the serving side's per-item memory (``stream.catalogue``)."""
+    from sketchrec.stream.catalogue import MAX_ITEMS_CAP
+    ap.add_argument("--max-items", metavar="N", type=_number(
+        int, lambda v: 1 <= v <= MAX_ITEMS_CAP, f"an integer from 1 to {MAX_ITEMS_CAP}"),
+        help="items the service keeps for serving (catalogue, item factors, retrieval index, "
+        "served ranking: their memory, in /stats); past N the least rated are dropped from "
+        "recommendations, never from the model (default: what the model is sized for)")
 
 
 # readers of a learning service yield a little to the learner: on 2 cores, at niceness 2 learning

@@ -233,7 +233,7 @@ def make_service(model, source: Source, config: ReplayConfig, monitor: PrivacyMo
     from sketchrec.stream.recommender import Recommender
     from sketchrec.stream.service import LearningService
     recommender = Recommender(model, pair_capacity=max(source.total, 1000), seed=config.seed,
-                              monitor=monitor)
+                              monitor=monitor, max_items=config.serving.max_items)
     store = CheckpointStore(config.serving.checkpoint) if config.serving.checkpoint else None
     service = LearningService(recommender, store, ledger=ledger)
     service.record_skipped(source.report.skipped)

@@ -13,7 +13,8 @@ from sketchrec.privacy.admin_token import add_admin_token_args
 from sketchrec.cli.config import ServingSettings
 from sketchrec.cli.feedback import add_items_arg
 from sketchrec.models.capabilities import DEFAULT_KIND
-from sketchrec.cli.options import ACCESS, add_access_args, add_workers_arg, parse_host_port
+from sketchrec.cli.options import (ACCESS, add_access_args, add_max_items_arg, add_workers_arg,
+                                  parse_host_port)
 from sketchrec.cli.serving import serve_until_interrupted, start_server
 from sketchrec.stream.serving.server import ServerThread
 
@@ -39,10 +40,14 @@ def serve_main(argv: list[str] | None = None) -> int:
     add_admin_token_args(ap)
     add_access_args(ap)
     add_items_arg(ap)
+    add_max_items_arg(ap)
     args = ap.parse_args(argv)
     serving = ServingSettings(parse_host_port(args.listen), args.admin_token, args.checkpoint,
                               ACCESS[args.access_control], args.workers, args.worker_nice,
-                              Path(args.items) if args.items else None)
+                              Path(args.items) if args.items else None, args.max_items)
+    if args.max_items and args.bootstrap is None:   # a checkpoint's catalogue is its learner's
+        ap.error("--max-items bounds the catalogue of a fleet replica (--bootstrap); a served "
+                 "checkpoint keeps its learner's: give --max-items to replay or consume")
     if args.bootstrap is not None:
         if not args.topic:
             ap.error("--bootstrap needs --topic (the fleet's input topic)")

@@ -99,6 +99,25 @@ class Catalogue:
             self._id_bytes += sum(_id_size(i) for i in new_ids)
             self.ids.extend(new_ids)
 
+    def resize(self, max_items: int) -> None:
+        """Hold at most ``max_items`` ids from now on (a restored catalogue given another bound
+        by the command line): one that holds more is compacted at once, as a full one is.
+
+        >>> cat = Catalogue(max_items=8, score=lambda keys: keys.astype(float))
+        >>> cat.add(np.arange(1, 7), np.arange(1, 7, dtype=np.uint64))
+        >>> cat.resize(4)
+        >>> cat.snapshot()[0], cat.max_items, cat.evicted   # keep 3 of 4: the top scores
+        ([4, 5, 6], 4, 3)
+        """
+        if max_items < 1:
+            raise ValueError("max_items must be positive")
+        with self._lock:
+            self.max_items = max_items
+            if len(self.ids) > max_items:
+                self._compact([], self._keys[:0])
+            elif len(self._keys) > max_items:   # never more buffer than the bound needs
+                self._keys = self._keys[:max_items].copy()
+
     def _grown_size(self, needed: int) -> int:
         doubled = max(needed, 2 * len(self._keys))
         return doubled if self.max_items is None else max(needed, min(doubled, self.max_items))
