@@ -78,6 +78,10 @@ def keys_of(ids: Iterable[Hashable] | np.ndarray, seed: int = 0) -> np.ndarray:
     if arr.dtype.kind in "iu":
         wide = np.int64 if arr.dtype.kind == "i" else np.uint64  # one compiled kernel per kind
         return _int_keys(arr.reshape(-1).astype(wide, copy=False), np.uint64(seed))
+    text = _as_utf8(arr.reshape(-1))
+    if text is not None:   # every id a str: hashed in compiled code from arrow's UTF-8 buffers
+        offsets, data = text
+        return _text_keys(offsets, data, np.uint64(seed))
     cache: dict = {}
     out = np.empty(arr.size, dtype=KEY_DTYPE)
     for n, item_id in enumerate(arr.reshape(-1)):
@@ -86,6 +90,24 @@ def keys_of(ids: Iterable[Hashable] | np.ndarray, seed: int = 0) -> np.ndarray:
             key = cache[item_id] = key_of(item_id, seed)
         out[n] = key
     return out
+
+
+def _as_utf8(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(offsets, bytes) of the UTF-8 text of ids that are all str (arrow encodes them in C: the
+    same bytes ``id_bytes`` gives a str), or None for anything else (ints, bytes or None among
+    them, a lone surrogate), which the per-id loop of ``keys_of`` hashes or refuses as before."""
+    import pyarrow as pa
+    if flat.dtype.kind not in "OU":
+        return None
+    try:
+        text = pa.array(flat, type=pa.large_string())
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):   # UnicodeError: a ValueError
+        return None
+    if text.null_count:
+        return None
+    offsets = np.frombuffer(text.buffers()[1], np.int64, len(text) + 1, text.offset * 8)
+    data = text.buffers()[2]
+    return offsets, (np.frombuffer(data, np.uint8) if data is not None else np.zeros(1, np.uint8))
 
 
 def keyed_key_of(item_id: Hashable, secret: bytes) -> int:
@@ -221,6 +243,16 @@ def _int_keys(values, seed):
         for c in range(count):
             text[length + c] = digits[count - 1 - c]
         out[n] = _murmur3_low(text, length + count, seed)
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _text_keys(offsets, data, seed):
+    """Keys of str ids from their UTF-8 bytes (``data[offsets[n]:offsets[n + 1]]``), as key_of."""
+    out = np.empty(offsets.shape[0] - 1, dtype=np.uint64)
+    for n in range(out.shape[0]):
+        start = offsets[n]
+        out[n] = _murmur3_low(data[start:], offsets[n + 1] - start, seed)
     return out
 
 

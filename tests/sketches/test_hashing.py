@@ -128,3 +128,22 @@ def test_ints_past_the_str_digit_limit_hash():
     for value in (10**5000, -(10**5000) + 7, 2**70, -(2**64) - 1, 10**1000, 10**1000 - 1):
         assert key_of(value) == mmh3.hash64(_decimal_text(value), 0, signed=False)[0]
         assert key_of(value) == key_of(_decimal_text(value).decode())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet=_ANY_CHAR, max_size=40), min_size=1, max_size=30),
+       st.integers(min_value=0, max_value=2**32 - 1))
+def test_text_ids_hashed_in_one_compiled_pass_give_each_ids_own_key(texts, seed):
+    # a column of str ids is hashed from arrow's UTF-8 buffers, not id by id: the same keys
+    from sketchrec.sketches.hashing import _as_utf8
+    column = np.array(texts, dtype=object)
+    assert keys_of(column, seed).tolist() == [key_of(t, seed) for t in texts]
+    assert keys_of(column[1::2], seed).tolist() == [key_of(t, seed) for t in texts[1::2]]
+    encodable = all(not any("\ud800" <= c <= "\udfff" for c in t) for t in texts)
+    assert (_as_utf8(column) is not None) == encodable   # the compiled pass is the one taken
+
+
+def test_a_text_column_with_ints_or_none_among_its_ids_takes_the_per_id_path():
+    assert keys_of(np.array(["7", 7, "x"], dtype=object)).tolist() == [key_of(7), key_of(7), key_of("x")]
+    with pytest.raises(TypeError):
+        keys_of(np.array(["x", None], dtype=object))

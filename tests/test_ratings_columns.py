@@ -1,0 +1,53 @@
+"""The Ratings columns' whole-file operations: the time sort and the distinct-id count give what
+numpy's stable argsort and unique give, on every kind of column."""
+
+import numpy as np
+
+from sketchrec.ratings import Ratings, n_distinct, stable_order
+
+
+def _stamp_columns():
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, 50, 20_000),                        # many ties
+            rng.integers(789_652_009, 1_574_327_703, 5_000),     # a MovieLens span
+            rng.integers(-2**61, 2**61, 3_000),                  # too wide to pack: numpy's sort
+            np.array([2**63 + 5, 2**63 + 1, 2**63 + 5], dtype=np.uint64),
+            np.array([5, 3, 5, 3], dtype=np.int32),
+            np.array([3.5, 1.25, 3.5]), np.array([9]), np.array([], dtype=np.int64)]
+
+
+def test_the_time_order_is_numpys_stable_order():
+    for stamps in _stamp_columns():
+        assert stable_order(stamps).tolist() == np.argsort(stamps, kind="stable").tolist()
+
+
+def test_the_broken_variant_an_unstable_sort_reorders_ties():
+    # what the packed row numbers are for: a plain fast sort of the timestamps breaks ties anyhow
+    stamps = _stamp_columns()[0]
+    assert np.argsort(stamps).tolist() != np.argsort(stamps, kind="stable").tolist()
+
+
+def test_sort_by_time_moves_every_column_together():
+    rng = np.random.default_rng(3)
+    stamps = rng.integers(0, 100, 1_000)
+    data = Ratings(np.arange(1_000), np.arange(1_000)[::-1].copy(), rng.random(1_000), stamps)
+    order = np.argsort(stamps, kind="stable")
+    data.sort_by_time()
+    assert data.users.tolist() == order.tolist()
+    assert data.items.tolist() == (999 - order).tolist()
+    assert data.timestamps.tolist() == stamps[order].tolist()
+
+
+def test_distinct_ids_are_counted_as_numpy_counts_them():
+    rng = np.random.default_rng(5)
+    ints = rng.integers(0, 3_000, 50_000)
+    texts = np.array([f"u-{x}" for x in ints], dtype=object)
+    for ids in (ints, ints.astype(np.uint64), texts, texts.astype(str)):
+        assert n_distinct(ids) == len(np.unique(ids))
+    assert n_distinct(np.array([], dtype=object)) == 0
+
+
+def test_ids_numpy_cannot_sort_are_counted_too():
+    # ints among text ids, or an int past int64: a Python set (numpy's unique raised on the first)
+    assert n_distinct(np.array([1, "1", "a", "a"], dtype=object)) == 3
+    assert n_distinct(np.array([2**70, 2**70, 3], dtype=object)) == 2
