@@ -32,7 +32,7 @@ from sketchrec.stream.checkpoint import CheckpointStore, LedgerIntegrityError
 from sketchrec.stream.kafka import fast_records
 from sketchrec.stream.kafka import codecs as codec_errors
 from sketchrec.stream.kafka import identity
-from sketchrec.stream.kafka.contact import broker_contact, messages_behind
+from sketchrec.stream.kafka.contact import broker_contact, messages_behind, track_stable_offsets
 from sketchrec.stream.kafka.intake import finite_errors, read_poll
 from sketchrec.stream.kafka.messages import dead_letter
 from sketchrec.stream.kafka.offsets import OffsetBook
@@ -87,6 +87,7 @@ class KafkaLearner:
             max_poll_records=max_poll_records, session_timeout_ms=6000, heartbeat_interval_ms=1000,
             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
         fast_records.install(self.consumer)   # whole record batches read in one compiled pass
+        track_stable_offsets(self.consumer)   # the lag stops at an open transaction (kafka.contact)
         self.producer = KafkaProducer(**config, linger_ms=20, acks="all")
         self.book = OffsetBook(service.offsets, checkpoint_every, checkpoint_seconds)
         self.closing = False

@@ -8,7 +8,10 @@ reconnection's first request times out again, so "connected" alone says nothing 
 minute. Contact is therefore judged by answers: a request sent more than ``SILENT_AFTER``
 seconds ago with nothing read from any broker since is a broker that does not answer. Requests
 whose own deadline is long by design (a group join waits for the whole group) are not counted.
-The lag comes from the high watermark each fetch response carries and the consumer's position.
+The lag comes from what each fetch response carries and the consumer's position: the high
+watermark, or for a ``read_committed`` consumer the last stable offset below it when a transaction
+is open (its messages cannot be read before it ends: waiting for them is no stall), which
+kafka-python reads and drops; ``track_stable_offsets`` keeps it.
 """
 
 from __future__ import annotations
@@ -63,18 +66,44 @@ def broker_contact(client_owner, silent_after: float = SILENT_AFTER, now: float 
     return Contact(True)
 
 
+def track_stable_offsets(consumer) -> bool:
+    """Keep, on ``consumer``'s fetcher, each partition's last stable offset from every fetch
+    response (``messages_behind`` reads it). False, the consumer untouched, when its fetcher is
+    not the kind this was written against: the lag then counts open transactions' messages."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    parse = getattr(fetcher, "_parse_fetched_data", None)
+    if parse is None:
+        return False
+    stable = fetcher.sketchrec_stable = {}
+
+    def parse_keeping_stable(completed_fetch):
+        offset = getattr(completed_fetch.partition_data, "last_stable_offset", -1)
+        if isinstance(offset, int) and offset >= 0:   # -1: the broker did not say
+            stable[completed_fetch.topic_partition] = offset
+        return parse(completed_fetch)
+
+    fetcher._parse_fetched_data = parse_keeping_stable   # this consumer's fetcher only
+    return True
+
+
 def messages_behind(consumer) -> int | None:
-    """Messages the consumer's assigned partitions hold beyond its position, by the high watermark
-    of the last fetch responses (None: no partition's is known yet). Nothing is asked of the broker.
+    """Messages the consumer's assigned partitions hold beyond its position that it can read now:
+    up to the high watermark of the last fetch responses, or the last stable offset when it is
+    lower (an open transaction; ``track_stable_offsets``). None: no partition's is known yet.
+    Nothing is asked of the broker.
 
     >>> from types import SimpleNamespace as NS
     >>> state = {"a": NS(highwater=120, position=NS(offset=100)), "b": NS(highwater=None, position=None)}
     >>> messages_behind(NS(_subscription=NS(assignment=state)))
     20
+    >>> open_transaction = NS(sketchrec_stable={"a": 100})   # offsets 100-119: not committed yet
+    >>> messages_behind(NS(_subscription=NS(assignment=state), _fetcher=open_transaction))
+    0
     """
     try:
-        states = list(consumer._subscription.assignment.values())
-        known = [s.highwater - s.position.offset for s in states
+        stable = getattr(getattr(consumer, "_fetcher", None), "sketchrec_stable", {})
+        states = list(consumer._subscription.assignment.items())
+        known = [min(s.highwater, stable.get(tp, s.highwater)) - s.position.offset for tp, s in states
                  if s.highwater is not None and s.position is not None]
     except (AttributeError, RuntimeError, TypeError):
         return None
