@@ -18,6 +18,7 @@ from sketchrec.privacy.ldp import HEADER
 from sketchrec.stream.kafka.consumer import kafka_config
 from sketchrec.stream.kafka.messages import _CSV_UNSAFE, encode_batch
 from sketchrec.data import Ratings
+from sketchrec.ratings import stable_order
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
@@ -193,5 +194,5 @@ def _flush(producer, delivered: _Delivered, total: int, timeout: float,
 
 
 def order_for_topic(ratings: Ratings) -> Ratings:
-    """Time order, as devices would send them."""
-    return ratings.take(np.argsort(ratings.timestamps, kind="stable"))
+    """Time order, as devices would send them (ties in file order)."""
+    return ratings.take(stable_order(ratings.timestamps))
