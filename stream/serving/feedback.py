@@ -39,15 +39,13 @@ from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K
 
 
 def feedback_of(service):
-    """How ``service`` takes posted ratings: its own ``feedback`` route; else a learning service
-    learns them directly and anything read-only (or a reader process) refuses them."""
-    sink = getattr(service, "feedback", None)
-    if sink is not None:
-        return sink
+    """How ``service`` (a ``ServingSource``) takes posted ratings: the route it declares
+    (``feedback``; a reader process declares its refusal); else a learning service learns them
+    directly, and a read-only one refuses them."""
+    if service.feedback is not None:
+        return service.feedback
     if service.read_only:
         return Refusal("read-only")
-    if not hasattr(service, "errors"):   # a reader process over the learner's shared block
-        return Refusal("readers")
     service.feedback = DirectFeedback(service)
     return service.feedback
 

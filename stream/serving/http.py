@@ -42,7 +42,7 @@ from sketchrec.stream.serving.ids import json_id
 from sketchrec.stream.serving.dashboard import dashboard_router
 from sketchrec.stream.serving.fastpath import MAX_ID, MAX_K, FastQueries, ServingApp, public_ranking
 from sketchrec.stream.serving.feedback import add_feedback_routes, titled
-from sketchrec.stream.service import LearningService
+from sketchrec.stream.serving.source import ServingSource, require_source
 
 MAX_ECHO = 80   # characters of a rejected input a 422 shows (never a 100 KB input back)
 PRIVACY_FIELDS = ("epsilon", "delta", "privacy_unit", "mode", "proven_bound", "kld",
@@ -70,7 +70,7 @@ class Recommendations(BaseModel):
 class _ServiceCollector:
     """Exports the service's counters at scrape time (no second copy of the figures to keep)."""
 
-    def __init__(self, service_ref: Callable[[], LearningService]):
+    def __init__(self, service_ref: Callable[[], ServingSource]):
         self.service_ref = service_ref
 
     def collect(self):
@@ -102,7 +102,7 @@ class _ServiceCollector:
             yield gauge
 
 
-def resolve_access(service: LearningService, access) -> UserTokens | None:
+def resolve_access(service: ServingSource, access) -> UserTokens | None:
     """``access``: "auto" (on in every privacy mode), True/False, or a ``UserTokens`` to use.
     A joint-DP model refuses False/None: its guarantee holds only with access control."""
     if service_mode(service) in (PrivacyMode.JOINT_RATING, PrivacyMode.JOINT_USER) and not access:
@@ -162,10 +162,11 @@ async def _unprocessable(request: Request, exc: RequestValidationError) -> JSONR
     return JSONResponse({"detail": errors}, status_code=422)
 
 
-def create_app(service: LearningService, admin_token: str | None = None, access="auto") -> FastAPI:
+def create_app(service: ServingSource, admin_token: str | None = None, access="auto") -> FastAPI:
     """The endpoint over a service; admin endpoints need ``admin_token`` (None, empty or blank:
     disabled), sent as ``Authorization: Bearer <token>``, and ``access`` turns per-user access
     control on (see ``resolve_access``)."""
+    require_source(service)   # what the app reads of it, and nothing else (stream.serving.source)
     admin_token = (admin_token or "").strip() or None  # an empty token must never match
     tokens = resolve_access(service, access)
     app = ServingApp(title="sketchrec", version="0.1.0", redirect_slashes=False,
@@ -185,14 +186,14 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         return admin_token is not None and bool(given) and secrets.compare_digest(
             given.encode(), admin_token.encode())
 
-    def require_admin_read(authorization: str | None = Header(default=None)) -> LearningService:
+    def require_admin_read(authorization: str | None = Header(default=None)) -> ServingSource:
         if admin_token is None:
             raise HTTPException(403, "admin endpoints are disabled: no admin token was configured")
         if not is_admin(authorization):
             raise HTTPException(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
         return app.state.service
 
-    def require_admin(authorization: str | None = Header(default=None)) -> LearningService:
+    def require_admin(authorization: str | None = Header(default=None)) -> ServingSource:
         svc = require_admin_read(authorization)
         if svc.read_only:
             raise HTTPException(409, "this service is read-only (a checkpoint, or a model trained in one batch)")
@@ -260,7 +261,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
 
     @app.get("/admin/privacy", summary="Operator state: the monitor's exact figures and counters "
              "(admin; NOT covered by any privacy guarantee)")
-    def admin_privacy(svc: LearningService = Depends(require_admin_read)) -> dict:
+    def admin_privacy(svc: ServingSource = Depends(require_admin_read)) -> dict:
         monitor = getattr(svc.recommender, "monitor", None)
         return operator_figures(monitor, svc.stats())
 
@@ -278,7 +279,7 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         return JSONResponse({"status": "ok"})
 
     @app.post("/checkpoint", summary="Write a checkpoint now (admin)")
-    def checkpoint(svc: LearningService = Depends(require_admin)) -> dict:
+    def checkpoint(svc: ServingSource = Depends(require_admin)) -> dict:
         if svc.checkpoints is None:
             raise HTTPException(409, "no checkpoint directory configured")
         try:
@@ -290,12 +291,12 @@ def create_app(service: LearningService, admin_token: str | None = None, access=
         return written
 
     @app.post("/pause", summary="Pause learning; queries go on (admin)")
-    def pause(svc: LearningService = Depends(require_admin)) -> dict:
+    def pause(svc: ServingSource = Depends(require_admin)) -> dict:
         svc.pause()
         return {"paused": True}
 
     @app.post("/resume", summary="Resume learning (admin)")
-    def resume(svc: LearningService = Depends(require_admin)) -> dict:
+    def resume(svc: ServingSource = Depends(require_admin)) -> dict:
         svc.resume()
         return {"paused": False}
 

@@ -31,6 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from sketchrec.stream.feedback import Refusal
 from sketchrec.stream.health import Health
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
@@ -168,6 +169,7 @@ class ReplicaService:
         self.read_only = bool(block.header.get("read_only"))
         self.checkpoints = True if block.header.get("checkpoints") else None   # the learner has a store
         self.origin = block.header.get("origin", {})
+        self.feedback = Refusal("readers")   # posted ratings go to the learner's own address
         self.health = ReplicaHealth(lambda: self.block.heartbeat_age())
         self.recommender = ReplicaRecommender.over(block)
         self._seq = 0
