@@ -13,7 +13,9 @@ On a shared machine latencies measure the machine as much as the service: the re
 the server's CPU time per request (its process tree's, a figure a busy machine disturbs least) and
 the machine's load average over the run, so two runs can be compared. The last stdout line with
 ``--json`` is one JSON object: ``learning`` and ``baseline`` -> ``requests_per_s``, ``p99_ms``,
-(``learning_kept`` while learning), ``server_cpu_us_per_request``; ``targets``; ``met``.
+(``learning_kept`` while learning), ``server_cpu_us_per_request`` (the whole service: while
+learning, the learner's own work too) and ``reader_cpu_us_per_request`` (the serving processes
+alone: what a request costs them, learning or not); ``targets``; ``met``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from sketchrec.benchmarks import PATH_HELP, data_file
 
 TARGET_RPS, TARGET_P99_MS, TARGET_KEPT = 5_000, 10.0, 0.8
 FIGURES = ("requests_per_s", "p50_ms", "p99_ms", "p999_ms", "max_ms", "errors", "requests",
-           "client", "server_cpu_us_per_request")
+           "client", "server_cpu_us_per_request", "reader_cpu_us_per_request")
 
 
 def _free_port() -> int:
@@ -80,10 +82,11 @@ def describe(report: dict) -> list[str]:
     """The report in a few lines of text."""
     lines = []
     for name, r in (("while learning", report["learning"]), ("baseline (read replica)", report["baseline"])):
-        cpu = r["server_cpu_us_per_request"]
+        cpu, readers = r["server_cpu_us_per_request"], r.get("reader_cpu_us_per_request")
         lines.append(f"{name}: {r['requests_per_s']:,.0f} req/s, p50 {r['p50_ms']:.2f} ms, p99 "
                      f"{r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms, errors {r['errors']}, "
-                     f"server CPU {'n/a' if cpu is None else f'{cpu:.0f}'} us/request ({r['client']})")
+                     f"server CPU {'n/a' if cpu is None else f'{cpu:.0f}'} us/request, readers "
+                     f"{'n/a' if readers is None else f'{readers:.0f}'} ({r['client']})")
     r = report["learning"]
     kept = r["learning_kept"]
     lines.append(f"learning {r['learning_per_s_alone']:,.0f} ratings/s alone, "

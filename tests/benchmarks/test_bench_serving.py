@@ -14,7 +14,8 @@ def test_bench_serving_quick_prints_the_json_keys(capsys):
     assert sketchrec_main(["bench", "serving", "--quick", "--json", "--client", "httpx"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for run in ("learning", "baseline"):
-        assert {"requests_per_s", "p99_ms", "server_cpu_us_per_request"} <= set(report[run])
+        assert {"requests_per_s", "p99_ms", "server_cpu_us_per_request",
+                "reader_cpu_us_per_request"} <= set(report[run])
         assert report[run]["requests"] > 0 and report[run]["errors"] == 0
     assert "learning_kept" in report["learning"]
     assert set(report["targets"]) == {"requests_per_s", "p99_ms", "learning_kept"}
