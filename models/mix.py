@@ -25,6 +25,7 @@ modes (DP-SGD, SGLD, loss clipping) use one learner (``SketchMF``), never a comb
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -211,6 +212,8 @@ class Experts(FactorizationModel):
         if epochs > 1:
             for spec, member in zip(self.members, self.members_):
                 for name, value in spec.get("epochs", {}).items():
+                    if name == "lr" and hasattr(member, "steps"):   # the rule carries the rate
+                        member.steps = dataclasses.replace(member.steps, lr=value)   # (checkpoints)
                     setattr(member, name, value)
 
     def _learn_keys(self, ukeys, ikeys, ratings, hp, out) -> None:
