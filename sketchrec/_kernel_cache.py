@@ -30,6 +30,8 @@ import time
 from importlib.util import find_spec
 from pathlib import Path
 
+from sketchrec import _fast_inline
+
 COMPILED = ("sketchrec.sketches", "sketchrec.models", "sketchrec.privacy", "sketchrec.stream")
 NUMBA_ONLY = ("sketchrec.privacy", "sketchrec.stream")   # of these, the modules using numba only
 KEEP = 3
@@ -60,6 +62,7 @@ def _roots(names: tuple[str, ...] = COMPILED) -> list[Path]:
 def choose() -> str | None:
     """Point numba's cache at this source state's directory; returns it (None: numba's default)."""
     import numba
+    _fast_inline.install()   # compile time only; before any kernel compiles
     given = os.environ.get("NUMBA_CACHE_DIR")
     try:
         base = Path(given) if given else Path.home() / ".cache" / "sketchrec" / "numba"
