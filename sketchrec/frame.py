@@ -4,8 +4,8 @@ Layout: ``MAGIC`` (4 bytes, one per kind of frame) | u32 little-endian header le
 JSON | the parts' bytes, in header order, nothing after them. The header holds the writer's own
 fields beside three of the frame's: ``frame`` (the layout's version), ``parts`` (each part's name
 and either its ``length`` in bytes or, for a numpy array, its little-endian ``dtype`` and
-``shape``) and ``crc32``, of the rest of the header (its canonical JSON) and the parts' bytes
-(null when the writer keeps a digest of its own).
+``shape``) and, last, ``crc32``: the CRC-32 of the header's bytes before it and of the parts'
+bytes (null when the writer keeps a digest of its own).
 
 A frame is read without trusting anything but its own bytes: the magic, the version, the header's
 JSON and every length are checked before a part is taken, an array part is copied out of the
@@ -86,16 +86,16 @@ def encode_chunks(magic: bytes, header: dict, parts: Mapping[str, Part],
     if len(magic) != 4 or any(key in header for key in _OWN):
         raise ValueError(f"a frame's magic is 4 bytes and its header leaves {_OWN} to the frame")
     specs, views = zip(*(_spec(name, part) for name, part in parts.items())) if parts else ((), ())
-    full = {**header, "frame": VERSION, "parts": list(specs)}
-    raw = json.dumps(full, sort_keys=True).encode()
+    # the crc32 entry closes the header: it covers the bytes before it (one dump, none to read)
+    raw = json.dumps({**header, "frame": VERSION, "parts": list(specs)}, sort_keys=True).encode()[:-1]
     if checksum:
         crc = zlib.crc32(raw)
         for view in views:
             crc = zlib.crc32(view, crc)
         # fixed width (8 hex digits): a blob's size depends on its shape alone, never its values
-        raw = json.dumps({**full, "crc32": f"{crc:08x}"}, sort_keys=True).encode()
+        raw += b', "crc32": "%08x"}' % crc
     else:
-        raw = json.dumps({**full, "crc32": None}, sort_keys=True).encode()
+        raw += b', "crc32": null}'
     return [magic, struct.pack("<I", len(raw)), raw, *views]
 
 
@@ -114,8 +114,9 @@ def decode(blob: Part, magic: bytes, what: str,
     (hlen,) = struct.unpack("<I", view[4:8])
     if 8 + hlen > view.nbytes:
         raise FrameError(f"{what}: truncated frame (a header of {hlen} bytes, {view.nbytes - 8} left)")
+    text = bytes(view[8:8 + hlen])
     try:
-        header = json.loads(bytes(view[8:8 + hlen]))
+        header = json.loads(text)
     except (ValueError, RecursionError):
         raise FrameError(f"{what}: corrupt frame header (not JSON)") from None
     if not isinstance(header, dict):
@@ -135,11 +136,17 @@ def decode(blob: Part, magic: bytes, what: str,
                          + (" and 1" if legacy else ""))
     body = view[8 + hlen:]
     parts = _take(body, specs, what)
-    if header.get("crc32") is not None:
-        rest = json.dumps({k: v for k, v in header.items() if k != "crc32"}, sort_keys=True)
-        if f"{zlib.crc32(body, zlib.crc32(rest.encode())):08x}" != header["crc32"]:
-            raise FrameError(f"{what}: checksum mismatch (corrupt frame)")
+    if version == VERSION and header["crc32"] is not None:
+        _check_crc(text, body, header["crc32"], what)
     return Frame(header, parts, body, version)
+
+
+def _check_crc(text: bytes, body: memoryview, crc, what: str) -> None:
+    closing = b', "crc32": "%s"}' % str(crc).encode()
+    if not isinstance(crc, str) or not text.endswith(closing):
+        raise FrameError(f"{what}: corrupt frame header (crc32 entry)")
+    if b"%08x" % zlib.crc32(body, zlib.crc32(text[:-len(closing)])) != closing[12:-2]:
+        raise FrameError(f"{what}: checksum mismatch (corrupt frame)")
 
 
 def _take(body: memoryview, specs, what: str) -> dict:
