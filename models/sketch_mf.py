@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import numpy as np
@@ -101,7 +102,7 @@ class SketchMF(FactorizationModel):
                  implicit: int = 0, implicit_lr: float = 0.005, implicit_reg: float = 0.2,
                  steps: step_rules.StepRule | dict | None = None):
         # the old keywords build the rule; with steps= they must agree with it (models.steps)
-        steps = step_rules.resolve(steps, optimizer, lr, acc0, _KEYWORD_DEFAULTS)
+        self.steps = steps = step_rules.resolve(steps, optimizer, lr, acc0, _KEYWORD_DEFAULTS)
         super().__init__(dim=dim, lr=steps.lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
                          lr_schedule_T=lr_schedule_T, sgld_temperature=sgld_temperature,
                          clip_loss=clip_loss, seed=seed)
@@ -116,8 +117,6 @@ class SketchMF(FactorizationModel):
         if steps.optimizer != "sgd" and (dp is not None or sgld_temperature):
             raise ValueError("DP-SGD and SGLD take plain SGD steps (their noise is calibrated to "
                              "them): give steps=SGD(lr) (optimizer 'sgd')")
-        self.steps = steps
-        self.optimizer, self.acc0 = steps.optimizer, float(steps.acc0)
         self.implicit_lr, self.implicit_reg = float(implicit_lr), float(implicit_reg)
         self.history = ImplicitHistory.off(self.dim)
         self._bind_store()
@@ -132,6 +131,26 @@ class SketchMF(FactorizationModel):
             lo, hi = self.dp.rating_range
             # public statistics only: the offset mu (stats[TOTAL] with count 1) is learned privately
             self.stats[:] = (1.0, (lo + hi) / 2.0, lo, hi)
+
+    @property
+    def lr(self) -> float:
+        """The step rule's eta. Assigning it (an epoch plan's rate) gives the rule the new rate, so
+        the rule a checkpoint records is always the steps taken."""
+        return self.steps.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.steps = dataclasses.replace(self.steps, lr=float(value))
+
+    @property
+    def optimizer(self) -> str:
+        """The step rule's name in the kernels' table ("sgd", "adagrad", "adagrad-id")."""
+        return self.steps.optimizer
+
+    @property
+    def acc0(self) -> float:
+        """AdaGrad's start (the step rule's; 1 with plain SGD, which does not read it)."""
+        return float(self.steps.acc0)
 
     def _split_memory(self, heavy_fraction: float | None, heavy_slots: int | None,
                       light_dim: int | None, dp: bool) -> None:

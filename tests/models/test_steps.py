@@ -91,3 +91,14 @@ def test_rules_are_frozen_values():
     with pytest.raises(AttributeError):
         rule.lr = 0.3
     assert rule == AdaGrad(0.2) != AdaGradId(0.2) and step_rules.of(rule) is rule
+
+
+def test_a_rate_set_after_construction_is_the_rules_and_the_checkpoint_loads():
+    # an epoch plan sets lr on a built model (models.mix): the recorded rule must follow it, or
+    # the checkpoint's rule and lr disagree and it cannot be loaded
+    model, _ = _learned(steps=AdaGradId(0.2))
+    model.lr = 0.07
+    assert model.steps == AdaGradId(0.07) and model.hyper()[0] == 0.07
+    assert SketchMF.from_bytes(model.to_bytes()).steps == AdaGradId(0.07)
+    with pytest.raises(AttributeError):
+        model.optimizer = "sgd"   # the rule's kind is chosen at construction (steps=)
