@@ -60,8 +60,9 @@ def text_blocks(path: str | Path, codec: str | None, skip: int, dropped: list[in
         yield batch.column(0)
 
 
-def split_block(lines: pa.Array, layout: Layout) -> Block:
-    """A block of lines: split, fields converted, bad rows set aside by reason."""
+def split_block(lines: pa.Array, layout: Layout, interned: dict | None = None) -> Block:
+    """A block of lines: split, fields converted, bad rows set aside by reason (text ids through
+    ``interned``: see ``settle_ids``)."""
     n = len(lines)
     parts = pc.split_pattern(lines, pattern=layout.sep)
     counts = pc.list_value_length(parts).to_numpy(zero_copy_only=False)
@@ -72,17 +73,17 @@ def split_block(lines: pa.Array, layout: Layout) -> Block:
         parts = parts.filter(pa.array(keep))
     fields = {role: pc.list_element(parts, i) for role, i in layout.index.items()}
     rows = np.flatnonzero(keep) if not keep.all() else None
-    return _convert(fields, len(parts), rows, rejected, lambda r: _text(lines, r), n)
+    return _convert(fields, len(parts), rows, rejected, lambda r: _text(lines, r), interned)
 
 
-def parquet_block(batch: pa.RecordBatch, layout: Layout) -> Block:
+def parquet_block(batch: pa.RecordBatch, layout: Layout, interned: dict | None = None) -> Block:
     """A Parquet batch's columns converted (a row's text is its values joined by commas)."""
     fields = {role: batch.column(i) for role, i in layout.index.items()}
     texts = lambda r: ",".join(str(batch.column(i)[int(r)].as_py()) for i in layout.index.values())
-    return _convert(fields, batch.num_rows, None, [], texts, batch.num_rows)
+    return _convert(fields, batch.num_rows, None, [], texts, interned)
 
 
-def _convert(fields: dict, n: int, rows, rejected: list, texts, n_lines: int) -> Block:
+def _convert(fields: dict, n: int, rows, rejected: list, texts, interned: dict | None) -> Block:
     """Each role's column converted; a row any column refuses is set aside by the first reason
     (UTF-8 first, then user, item, rating and timestamp, as a line is read left to right)."""
     problems: list[tuple[str, np.ndarray]] = []
@@ -106,7 +107,7 @@ def _convert(fields: dict, n: int, rows, rejected: list, texts, n_lines: int) ->
                 rejected.append((reason, at if rows is None else rows[at]))
         good = ~taken
         ratings, stamps = ratings[good], stamps[good]
-    users, items = settle_ids(users, good), settle_ids(items, good)
+    users, items = settle_ids(users, good, interned), settle_ids(items, good, interned)
     return Block(users, items, ratings, stamps, rejected, texts)
 
 
@@ -176,9 +177,13 @@ def ids(column: pa.Array) -> tuple[np.ndarray | pa.Array, list]:
     return text, problems
 
 
-def settle_ids(values: np.ndarray | pa.Array, good: np.ndarray | None) -> np.ndarray:
+def settle_ids(values: np.ndarray | pa.Array, good: np.ndarray | None,
+               interned: dict | None = None) -> np.ndarray:
     """The kept rows' ids as numpy: int64 when every one is decimal digits (fewer than 19), else
-    an object array of str (a decimal id written as its int's text, leading zeros dropped)."""
+    an object array of str (a decimal id written as its int's text, leading zeros dropped).
+    With ``interned`` (a dict kept across a file's blocks) each distinct id is the one str object
+    the dict holds for it, whichever block it comes from: a file's text ids cost one object each,
+    not one per block they appear in (hundreds of MB of copies on a 10M-rating file)."""
     if isinstance(values, np.ndarray):
         return values if good is None else values[good]
     text = values if good is None else values.filter(pa.array(good))
@@ -192,6 +197,8 @@ def settle_ids(values: np.ndarray | pa.Array, good: np.ndarray | None) -> np.nda
     names = encoded.dictionary.to_numpy(zero_copy_only=False)
     if digits.any():
         names[digits] = [str(int(v)) for v in names[digits]]
+    if interned is not None:
+        names = np.array([interned.setdefault(v, v) for v in names.tolist()] or [], dtype=object)
     return names[encoded.indices.to_numpy(zero_copy_only=False)]
 
 

@@ -24,6 +24,7 @@ class RatingFile:
                  columns: dict | None = None, sep: str | None = None, report: ParseReport | None = None):
         from sketchrec.formats import compression_of, parquet_layout, sniff
         self.path, self.report = Path(path), report or ParseReport()
+        self.interned: dict = {}   # each distinct text id's one str object (chunks.settle_ids)
         self.codec = compression_of(path)
         self.rating_range, self.columns, self.sep = rating_range, columns, sep
         if self.codec == "parquet":
@@ -111,7 +112,7 @@ class RatingFile:
             layout = self.layout
         rows_before, dropped_seen = 0, 0
         for raw, convert in source:
-            block = convert(raw, layout)
+            block = convert(raw, layout, self.interned)
             n = len(raw)
             self.report.lines += n
             where = np.arange(header + 1 + rows_before, header + 1 + rows_before + n)

@@ -51,3 +51,29 @@ def test_ids_numpy_cannot_sort_are_counted_too():
     # ints among text ids, or an int past int64: a Python set (numpy's unique raised on the first)
     assert n_distinct(np.array([1, "1", "a", "a"], dtype=object)) == 3
     assert n_distinct(np.array([2**70, 2**70, 3], dtype=object)) == 2
+
+
+def test_a_text_id_is_one_object_across_all_the_blocks_of_a_file(tmp_path, monkeypatch):
+    from sketchrec import chunks
+    from sketchrec.data import read_ratings
+    monkeypatch.setattr(chunks, "BLOCK_BYTES", 4096)   # about a hundred blocks
+    path = tmp_path / "r.csv"
+    lines = [f"user-{n % 37},item-{n % 11},4,{n}" for n in range(5_000)]
+    path.write_text("user,item,rating,timestamp\n" + "\n".join(lines) + "\n")
+    ratings, report = read_ratings(path)
+    assert report.n_skipped == 0 and len(ratings) == 5_000
+    assert ratings.users.tolist() == [f"user-{n % 37}" for n in range(5_000)]
+    # memory: 37 + 11 str objects for 10,000 id cells, not one per id per block
+    assert len({id(x) for x in ratings.users.tolist()}) == 37
+    assert len({id(x) for x in ratings.items.tolist()}) == 11
+
+
+def test_the_broken_variant_without_interning_keeps_a_copy_per_block():
+    import pyarrow as pa
+    from sketchrec.chunks import settle_ids
+    blocks = [pa.array(["user-a", "user-b", "user-a"]), pa.array(["user-b", "user-a"])]
+    apart = np.concatenate([settle_ids(b, None) for b in blocks])
+    assert len({id(x) for x in apart.tolist()}) == 4   # a copy of each id in each block
+    interned: dict = {}
+    shared = np.concatenate([settle_ids(b, None, interned) for b in blocks])
+    assert shared.tolist() == apart.tolist() and len({id(x) for x in shared.tolist()}) == 2
