@@ -66,17 +66,11 @@ def shareable_model(model) -> bool:
 
 
 def model_arrays(model) -> dict[str, np.ndarray]:
-    """The model's state arrays by name (a combination's members' prefixed ``m<j>.``; a private
-    fallback's releases as ``RELEASED``)."""
+    """The model's state arrays by name, as its ``state_arrays()`` walks them (a combination's
+    members' prefixed ``m<j>.``); a private fallback's releases as ``RELEASED``."""
     if type(model) is DPSGDFallback:
         return model_arrays(model.model) | {RELEASED: released(model)}
-    arrays = {"stats": model.stats, "counters": model.counters}
-    if type(model) is Experts:
-        arrays["losses"] = model.losses
-        for j, member in enumerate(model.members_):
-            arrays |= {f"m{j}.{name}": a for name, a in model_arrays(member).items()}
-        return arrays
-    return arrays | model._state_arrays()
+    return {name: state.array for name, state in model.state_arrays().items()}
 
 
 def bind_model(model, views: dict[str, np.ndarray], block) -> None:
