@@ -90,6 +90,8 @@ def warm_kernels() -> None:
     compile would count in its CPU, and every member's in its learning span (started together,
     each compiles its own)."""
     from sketchrec.data import SyntheticStream
+    from sketchrec.stream.kafka.messages import parse_fast
+    parse_fast([b"1,2,4.5,99", b"7,8,5\n9,10,0.5,"], (1.0, 5.0))   # the input's compiled reader
     # a few hundred ids seen often: heavy slots are announced, admitted and evicted
     sync_breakdown(SyntheticStream(20_000, n_users=300, n_items=200, seed=0).all(), 2, 2_000, dim=8)
 
