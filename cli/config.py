@@ -110,7 +110,7 @@ class ModelSettings:
         """Compile numba's kernels (or load them from its cache) by learning a few ratings on a
         throwaway model of these settings and feeding them to a throwaway privacy monitor, so no
         run counts compile time as learning time. When
-        that takes over a second (the first run compiles, ~25 s), ``say`` is told once."""
+        that takes over a second (the first run compiles), ``say`` is told once."""
         if self.kind == "river":
             return
         import numpy as np

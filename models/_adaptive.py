@@ -120,7 +120,7 @@ def adagrad_id_scale(acc_cells, acc_heavy, slot, column, baddr, delta, lr, acc0)
         delta[l] *= scale
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)   # rare (an admission): a call, not IR-inlined (kernels compile faster)
 def adopt(acc, mode, slot, addr, baddr):
     """An id has just been admitted to ``slot``: its exact accumulators start from its sketch
     estimates (addr/baddr: its vector and bias addresses)."""
@@ -137,16 +137,19 @@ def adopt(acc, mode, slot, addr, baddr):
 
 
 @njit(inline="always", cache=True)
-def adagrad_steps(acc, mode, uslot, islot, au, ai, abu, abi, dp, dq, db, lr, acc0):
-    """One rating's plain SGD deltas made AdaGrad's, in place: the vectors' dp, dq and the user
-    and item biases' db[0], db[1]."""
+def adagrad_id_steps(acc, uslot, islot, abu, abi, dp, dq, db, lr, acc0):
+    """One rating's plain SGD deltas made AdaGrad's with one sum per id and group, in place: the
+    vectors' dp, dq and the user and item biases' db[0], db[1]."""
+    adagrad_id_scale(acc.cells, acc.heavy, uslot, 0, abu, dp, lr, acc0)
+    adagrad_id_scale(acc.cells, acc.heavy, islot, 0, abi, dq, lr, acc0)
+    adagrad_id_scale(acc.bias_cells, acc.heavy, uslot, 1, abu, db[:1], lr, acc0)
+    adagrad_id_scale(acc.bias_cells, acc.heavy, islot, 1, abi, db[1:], lr, acc0)
+
+
+@njit(inline="always", cache=True)
+def adagrad_steps(acc, uslot, islot, au, ai, abu, abi, dp, dq, db, lr, acc0):
+    """adagrad_id_steps with one sum per coordinate."""
     d = dp.shape[0]
-    if mode == ADAGRAD_ID:
-        adagrad_id_scale(acc.cells, acc.heavy, uslot, 0, abu, dp, lr, acc0)
-        adagrad_id_scale(acc.cells, acc.heavy, islot, 0, abi, dq, lr, acc0)
-        adagrad_id_scale(acc.bias_cells, acc.heavy, uslot, 1, abu, db[:1], lr, acc0)
-        adagrad_id_scale(acc.bias_cells, acc.heavy, islot, 1, abi, db[1:], lr, acc0)
-        return
     adagrad_scale(acc.cells, acc.heavy, uslot, 0, au, dp, lr, acc0)
     adagrad_scale(acc.cells, acc.heavy, islot, 0, ai, dq, lr, acc0)
     adagrad_scale(acc.bias_cells, acc.heavy, uslot, d, abu, db[:1], lr, acc0)

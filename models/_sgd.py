@@ -23,11 +23,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sketchrec.sketches.count_sketch import gather_mean, locate, scatter_add
+from sketchrec.sketches.count_sketch import gather_mean, locate
 from sketchrec.sketches.hashing import mix64, unit_interval
-from sketchrec.models._adaptive import SGD, adagrad_steps, adopt, sum_squares
+from sketchrec.models._adaptive import (ADAGRAD, ADAGRAD_ID, adagrad_id_steps, adagrad_steps, adopt,
+                                        sum_squares)
 from sketchrec.models.heavy_filter import find, touch
 from sketchrec.models.implicit import implicit_step, implicit_sum, remember, row_of
+from sketchrec.models._writes import write_slot_or_cells
 from sketchrec.models.storage import ITEM, USER
 
 # positions in the hyper-parameter vector handed to the kernels
@@ -114,19 +116,6 @@ def step_or_skip(e, p, q, bu, bi, hp, counters, dp, dq):
     return sane, dbu, dbi
 
 
-@njit(inline="always", cache=True)
-def scatter_noisy(cells, addr, sign, delta, noise_std):
-    """scatter_add plus N(0, noise_std^2) per touched cell; the noiseless case keeps the plain
-    loop (no branch or RNG call per cell in the hot path)."""
-    if noise_std <= 0.0:
-        scatter_add(cells, addr, sign, delta)
-        return
-    k, d = addr.shape
-    for l in range(d):
-        for j in range(k):
-            cells[j, addr[j, l]] += sign[j, l] * delta[l] + noise_std * np.random.standard_normal()
-
-
 @njit(cache=True)
 def seed_numba(seed):
     np.random.seed(seed)
@@ -183,20 +172,6 @@ def read_id(cells, salts, init_salts, fkeys, ffamilies, fcounts, fvectors, key, 
 
 
 @njit(inline="always", cache=True)
-def write_slot_or_cells(cells, fvectors, slot, offset, addr, sign, delta, cell_noise_std,
-                        slot_noise_std):
-    """Add delta to an id's parameters: its filter slot's columns from ``offset`` on (0: the
-    vector, dim: the bias), or its sketch cells when it holds no slot (slot < 0)."""
-    if slot < 0:
-        scatter_noisy(cells, addr, sign, delta, cell_noise_std)
-        return
-    row = fvectors[slot]
-    for l in range(delta.shape[0]):
-        noise = slot_noise_std * np.random.standard_normal() if slot_noise_std > 0.0 else 0.0
-        row[offset + l] += delta[l] + noise
-
-
-@njit(inline="always", cache=True)
 def read_bias(bias_cells, salts, key, addr, sign, scratch):
     locate(salts, key, bias_cells.shape[1], addr, sign)
     gather_mean(bias_cells, addr, sign, scratch)
@@ -211,7 +186,7 @@ def read_bias_of(bias_cells, salts, fvectors, slot, key, addr, sign, scratch):
     return np.float64(fvectors[slot, fvectors.shape[1] - 1])
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)   # rare (a slot taken by the other id): a call, not IR-inlined
 def locate_in_sketch(cells, bias_cells, salts, bsalts, key, addr, sign, baddr, bsign):
     """Addresses of an id that has just lost its filter slot; returns -1 (its slot now)."""
     locate(salts, key, cells.shape[1], addr, sign)
@@ -229,14 +204,24 @@ def unpack(store):
             bias_salts[ITEM], init_salts[USER], init_salts[ITEM], keys, families, counts, vectors)
 
 
-@njit(nogil=True, cache=True)
 def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
     """Sequential SGD over a batch on a ``FactorStore``; out_pred[n] is the prediction made before
     rating n was learned. With hp[OPTIMIZER] other than SGD the steps are AdaGrad's (per
     coordinate or per id), its sums in ``acc`` (``models._adaptive.Accumulators``).
 
     Ids holding a heavy-filter slot (``store.heavy``, see models.heavy_filter) are read and
-    written there; every rating first counts its user and item in the filter."""
+    written there; every rating first counts its user and item in the filter.
+
+    The kernel takes the sums as the argument of the optimizer that runs and None for the other:
+    numba drops the branches of a None argument before compiling, so a run compiles the steps of
+    its optimizer only (a kernel per optimizer used)."""
+    mode = int(hp[OPTIMIZER])
+    _learn(store, acc if mode == ADAGRAD else None, acc if mode == ADAGRAD_ID else None, ukeys, ikeys,
+           ratings, hp, stats, counters, out_pred)
+
+
+@njit(nogil=True, cache=True)
+def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
     (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
      fkeys, ffamilies, fcounts, fvectors) = unpack(store)
     k, sketched = salts_u.shape
@@ -265,8 +250,6 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
     slot_noise_std = np.sqrt(hp[LR] * tau) if tau > 0.0 else 0.0
     exchange = np.empty(d + 1)
     clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
-    mode = int(hp[OPTIMIZER])
-    adaptive = mode != SGD
     for n in range(ukeys.shape[0]):
         clock += _ONE
         uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], USER,
@@ -276,7 +259,7 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
         bu = read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], abu, sbu, b)
         bi = read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], abi, sbi, b)
         row = row_of(imp, ukeys[n], False)
-        held = implicit_sum(imp, row, z)
+        held = implicit_sum(imp, row, z) if row >= 0 else 0
         if held:  # the user's whole vector, summed as the predicting kernels sum it
             for l in range(d):
                 pz[l] = p[l] + z[l]
@@ -289,14 +272,20 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
                       au, su, abu, sbu, exchange)
         if islot >= 0 and islot == uslot:  # the user took the item's slot: the item is in the sketch
             islot = locate_in_sketch(cells, bias_cells, salts_i, bsalts_i, ikeys[n], ai, si, abi, sbi)
-        if adaptive and uslot >= 0 and uslot != was_u:
-            adopt(acc, mode, uslot, au, abu)
+        if uslot >= 0 and uslot != was_u:
+            if per_coordinate is not None:
+                adopt(per_coordinate, ADAGRAD, uslot, au, abu)
+            if per_id is not None:
+                adopt(per_id, ADAGRAD_ID, uslot, au, abu)
         islot = touch(fkeys, ffamilies, fcounts, fvectors, store, ikeys[n], ITEM, islot, clock,
                       ai, si, abi, sbi, exchange)
         if uslot >= 0 and uslot == islot:  # and the other way round
             uslot = locate_in_sketch(cells, bias_cells, salts_u, bsalts_u, ukeys[n], au, su, abu, sbu)
-        if adaptive and islot >= 0 and islot != was_i:
-            adopt(acc, mode, islot, ai, abi)
+        if islot >= 0 and islot != was_i:
+            if per_coordinate is not None:
+                adopt(per_coordinate, ADAGRAD, islot, ai, abi)
+            if per_id is not None:
+                adopt(per_id, ADAGRAD_ID, islot, ai, abi)
         take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
         if not take:
             continue
@@ -304,10 +293,15 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
             for l in range(d):
                 dq[l] -= hp[LR] * (pred - ratings[n]) * z[l]
             implicit_step(imp, row, held, pred - ratings[n], q, hp[IMPLICIT_LR], hp[IMPLICIT_REG])
-        remember(imp, row, ukeys[n], ikeys[n])
-        if adaptive:
+        if imp.owners.shape[0] > 0:   # the term is on
+            remember(imp, row, ukeys[n], ikeys[n])
+        if per_coordinate is not None:
             db[0], db[1] = dbu, dbi
-            adagrad_steps(acc, mode, uslot, islot, au, ai, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
+            adagrad_steps(per_coordinate, uslot, islot, au, ai, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
+            dbu, dbi = db[0], db[1]
+        if per_id is not None:
+            db[0], db[1] = dbu, dbi
+            adagrad_id_steps(per_id, uslot, islot, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
             dbu, dbi = db[0], db[1]
         write_slot_or_cells(cells, fvectors, uslot, 0, au, su, dp, noise_std, slot_noise_std)
         write_slot_or_cells(cells, fvectors, islot, 0, ai, si, dq, noise_std, slot_noise_std)
@@ -322,7 +316,8 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
 @njit(inline="always", cache=True)
 def add_implicit(imp, ukey, p, z):
     """p += the user's implicit term (``models.implicit``; z is scratch)."""
-    if implicit_sum(imp, row_of(imp, ukey, False), z):
+    row = row_of(imp, ukey, False)
+    if row >= 0 and implicit_sum(imp, row, z):
         for l in range(p.shape[0]):
             p[l] += z[l]
 

@@ -123,7 +123,7 @@ def _move(cells, salts, key, addr, sign, vec, scratch, into_sketch):
     scatter_add(cells, addr, sign, scratch)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)   # rare (an admission): a call, not IR-inlined (kernels compile faster)
 def _exchange(store, family, key, addr, sign, baddr, bsign, slot_row, scratch, into_sketch):
     # only the first addr.shape[1] components of a vector live in the sketch (see SketchMF's
     # light_dim): an admitted id starts with zeros beyond them, an evicted one loses them
@@ -161,9 +161,9 @@ def touch(keys, families, counts, vectors, store, key, family, slot, clock, addr
         coin = unit_interval(mix64(key ^ (clock * _CLOCK_MUL) ^ _FAMILY_SALT[family]))
         if coin * (smallest + 1) >= 1.0:
             return -1
-        _exchange(store, families[victim], keys[victim], addr, sign, baddr, bsign,
+        _exchange(store, np.int64(families[victim]), keys[victim], addr, sign, baddr, bsign,
                   vectors[victim], scratch, True)
-    _exchange(store, family, key, addr, sign, baddr, bsign, vectors[victim], scratch, False)
+    _exchange(store, np.int64(family), key, addr, sign, baddr, bsign, vectors[victim], scratch, False)
     keys[victim], families[victim], counts[victim] = key, family, smallest + 1
     return victim
 

@@ -121,7 +121,7 @@ def bucket_of(imp, ikey):
     return np.int32(mix64(ikey ^ _BUCKET_SALT) % np.uint64(imp.vectors.shape[0]))
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def implicit_sum(imp, row, z):
     """z = n^-1/2 sum of the row's y's; returns n (0 without a history: z is then not written,
     the learner's hot path with the term off does no more than this test)."""
@@ -142,7 +142,7 @@ def implicit_sum(imp, row, z):
     return n
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def implicit_step(imp, row, n, e, q, lr, reg):
     """Every y of the row's n-item history (n > 0) one step down the rating's error e (module doc)."""
     g, shrink = lr * e / np.sqrt(n), lr * reg / n
@@ -152,7 +152,7 @@ def implicit_step(imp, row, n, e, q, lr, reg):
             y[l] -= g * q[l] + shrink * y[l]
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def remember(imp, row, ukey, ikey):
     """The item joins the user's history (once: a bucket already there is not added again);
     ``row`` is the user's row found before the step (-1: none yet, one is claimed now)."""
