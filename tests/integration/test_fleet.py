@@ -70,6 +70,17 @@ class Fleet:
     def __init__(self, bootstrap, topic, tmp_path):
         self.bootstrap, self.topic, self.tmp = bootstrap, topic, tmp_path
         self.procs: dict[int, subprocess.Popen] = {}
+        self.t0 = time.monotonic()
+
+    def open(self, data, partitions: int) -> None:
+        """The topic, with ``partitions``, holding the stream's first 1,000 ratings."""
+        ensure_topic(self.bootstrap, self.topic, partitions=partitions)
+        send(self.bootstrap, self.topic, data.take(slice(0, 1000)), 0)
+        self.t0 = time.monotonic()
+
+    def mark(self, what: str) -> None:
+        """A line of the test's time line (shown with -s, or when it fails)."""
+        print(f"{time.monotonic() - self.t0:6.1f}s {what}", flush=True)
 
     def start(self, cmd_of) -> int:
         port = free_port()
@@ -114,11 +125,11 @@ def end_offsets(bootstrap: str, topic: str) -> dict:
     return ends
 
 
-def cli_model():
-    """The model a member builds from MODEL's options."""
+def cli_model(options=MODEL):
+    """The model a member builds from these command-line options."""
     from sketchrec.cli.consume import build_parser
     from sketchrec.cli.config import ModelSettings
-    args = build_parser().parse_args(["--bootstrap", "x", "--topic", "t", *MODEL])
+    args = build_parser().parse_args(["--bootstrap", "x", "--topic", "t", *options])
     return ModelSettings.from_args(args, False).build(args.capacity)
 
 
@@ -146,9 +157,10 @@ def compiled_kernels():
     np.testing.assert_allclose(agree[0], agree[1], atol=1e-4)   # (float32 sums: not bit for bit)
 
 
-def single_learner_rmse(data) -> float:
-    """Prequential RMSE of one learner over the same ratings (the CLI's model, batches of 500)."""
-    model = cli_model()
+def single_learner_rmse(data, model=None) -> float:
+    """Prequential RMSE of one learner (the CLI's model unless given) over the same ratings, in
+    batches of 500."""
+    model = cli_model() if model is None else model
     sq = 0.0
     for at in range(0, len(data), 500):
         part = data.take(slice(at, at + 500))
@@ -162,10 +174,8 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
     data = SyntheticStream(n_ratings=N, n_users=4000, n_items=1500, seed=5).all()
     rng = np.random.default_rng(5)   # pinned: which member dies and when
     fleet = Fleet(kafka_bootstrap, topic, tmp_path)
-    ensure_topic(kafka_bootstrap, topic, partitions=6)
-    send(kafka_bootstrap, topic, data.take(slice(0, 1000)), 0)
-    t0 = time.monotonic()
-    mark = lambda what: print(f"{time.monotonic() - t0:6.1f}s {what}", flush=True)  # noqa: E731
+    fleet.open(data, partitions=6)
+    mark = fleet.mark
     try:
         members = [fleet.start(member_cmd) for _ in range(3)]
         replica = fleet.start(serve_cmd)

@@ -5,7 +5,6 @@ replica. Every replica ends with every rating learned once and the same predicti
 import signal
 import sys
 import threading
-import time
 import uuid
 
 import httpx
@@ -14,8 +13,7 @@ import pytest
 
 from sketchrec.data import SyntheticStream
 from sketchrec.models.capabilities import DEFAULT_KIND
-from sketchrec.stream.kafka.producer import ensure_topic
-from test_fleet import Fleet, end_offsets, learned, send, serve_cmd, stats
+from test_fleet import Fleet, end_offsets, learned, send, serve_cmd, single_learner_rmse, stats
 
 N = 60_000
 OPTIONS = ["--capacity", "6000", "--seed", "3"]   # no --model: the default learner
@@ -58,23 +56,12 @@ def compiled_kernels():
     trackers[1].settle()
 
 
-def single_learner_rmse(data) -> float:
-    """Prequential RMSE of one default learner over the same ratings (batches of 500)."""
-    model, sq = default_model(), 0.0
-    for at in range(0, len(data), 500):
-        part = data.take(slice(at, at + 500))
-        sq += float(((model.learn_many(part.users, part.items, part.ratings) - part.ratings) ** 2).sum())
-    return float(np.sqrt(sq / len(data)))
-
-
 def test_default_learner_fleet_kill_9_learns_every_rating_once(kafka_bootstrap, tmp_path):
     topic = f"fleet-mix-{uuid.uuid4().hex[:8]}"
     data = SyntheticStream(n_ratings=N, n_users=4000, n_items=1500, seed=5).all()
     fleet = Fleet(kafka_bootstrap, topic, tmp_path)
-    ensure_topic(kafka_bootstrap, topic, partitions=4)
-    send(kafka_bootstrap, topic, data.take(slice(0, 1000)), 0)
-    t0 = time.monotonic()
-    mark = lambda what: print(f"{time.monotonic() - t0:6.1f}s {what}", flush=True)  # noqa: E731
+    fleet.open(data, partitions=4)
+    mark = fleet.mark
     try:
         members = [fleet.start(member_cmd) for _ in range(2)]
         replica = fleet.start(serve_cmd)
@@ -108,7 +95,7 @@ def test_default_learner_fleet_kill_9_learns_every_rating_once(kafka_bootstrap, 
                 answers[port] = np.array([g["rating"] for g in got])
         for port, values in answers.items():
             assert np.max(np.abs(values - answers[replica])) < 1e-4, port
-        fleet_rmse, single = figures[-1]["prequential_rmse"], single_learner_rmse(data)
+        fleet_rmse, single = figures[-1]["prequential_rmse"], single_learner_rmse(data, default_model())
         mark(f"fleet RMSE {fleet_rmse:.5f}, one learner {single:.5f} "
              f"({100 * (fleet_rmse / single - 1):+.2f}%)")
         # a loose guard (the figure is measured and reported, docs/scaling.md): a merge that

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from sketchrec.data import SyntheticStream
-from sketchrec.stream.kafka.producer import ensure_topic
 from test_fleet import Fleet, _message, end_offsets, send
 
 N = 24_000
@@ -55,8 +54,7 @@ def test_dp_fleet_kill_9_learns_every_rating_once_at_one_epsilon(kafka_bootstrap
     topic = f"dpfleet-{uuid.uuid4().hex[:8]}"
     data = SyntheticStream(n_ratings=N, n_users=1500, n_items=600, seed=7).all()
     fleet = Fleet(kafka_bootstrap, topic, tmp_path)
-    ensure_topic(kafka_bootstrap, topic, partitions=4)
-    send(kafka_bootstrap, topic, data.take(slice(0, 1000)), 0)
+    fleet.open(data, partitions=4)
     learned = lambda port: operator_stats(port).get("ratings_learned", -1)  # noqa: E731
     try:
         members = [fleet.start(member_cmd) for _ in range(2)]
