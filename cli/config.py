@@ -106,31 +106,89 @@ class ModelSettings:
                    for spec in DEFAULT_MEMBERS]
         return Experts(members, capacity=capacity, space_gain=self.space_gain, seed=self.seed)
 
-    def warm(self, dp=None, say: Callable[[str], None] | None = None, prog: str = "replay") -> None:
+    def warm(self, dp=None, say: Callable[[str], None] | None = None, prog: str = "replay",
+             predicts: bool = True) -> None:
         """Compile numba's kernels (or load them from its cache) by learning a few ratings on a
         throwaway model of these settings and feeding them to a throwaway privacy monitor, so no
-        run counts compile time as learning time. When
-        that takes over a second (the first run compiles), ``say`` is told once."""
+        run counts compile time as learning time. When that takes over a second (the first run
+        compiles), ``say`` is told which family of kernels compiles, k of n. ``predicts=False``
+        (a run whose only predictions are those ``learn_many`` returns, e.g. a prequential
+        replay) leaves the prediction kernels to compile at their first use, if any."""
         if self.kind == "river":
             return
         import numpy as np
-        notice = threading.Timer(1.0, say, ["compiling kernels (first run only)…"]) if say else None
-        if notice:
-            notice.daemon = True
-            notice.start()
-        try:
+        steps = ["the learner", *(["predictions"] if predicts else []),
+                 *(["the DP step"] if dp is not None else []), "the privacy monitor"]
+        with CompileNotice(say, steps) as notice:
             model, ids = self.build(64, dp, prog), np.arange(1, 9, dtype=np.int64)
             predictions = model.learn_many(ids, ids, np.full(8, 3.0))
-            model.predict_many(ids, ids)
+            if predicts:
+                notice.next()
+                model.predict_many(ids, ids)
             if dp is not None:
+                notice.next()
                 model.noisy_step(ids, ids, np.full(8, 3.0))
             # the privacy monitor's kernels too: fed every learned batch, inside the timed loop
+            notice.next()
             from sketchrec.privacy.monitor import PrivacyMonitor
             keys = model.id_keys.as_keys(ids)
             PrivacyMonitor(window=4, reservoir=4).observe(model, keys, keys, np.full(8, 3.0), predictions)
-        finally:
-            if notice:
-                notice.cancel()
+
+
+class CompileNotice:
+    """Progress of the warm-up's steps, said only once ``delay`` seconds have passed (a warm
+    cache loads every kernel sooner, and then nothing is said): a line for the step running
+    then, and one for each later step as it starts.
+
+    Parameters
+    ----------
+    say : where the lines go; None says nothing.
+    steps : the names of the kernel families, in the order they compile.
+    delay : seconds before the first line.
+
+    Examples
+    --------
+    >>> lines = []
+    >>> with CompileNotice(lines.append, ["the learner", "predictions"], delay=0.0) as notice:
+    ...     notice.wait_shown()
+    ...     notice.next()
+    >>> lines[-1]
+    'compiling kernels (first run only): predictions, 2 of 2…'
+    """
+
+    def __init__(self, say: Callable[[str], None] | None, steps: list[str], delay: float = 1.0):
+        self.say, self.steps, self.at = say, steps, 0
+        self._lock, self._shown = threading.Lock(), threading.Event()
+        self._timer = threading.Timer(delay, self._show) if say else None
+
+    def line(self) -> str:
+        return (f"compiling kernels (first run only): {self.steps[self.at]}, "
+                f"{self.at + 1} of {len(self.steps)}…")
+
+    def _show(self) -> None:
+        with self._lock:   # the timer's thread: never between next()'s step and its line
+            self._shown.set()
+            self.say(self.line())
+
+    def wait_shown(self) -> None:
+        self._shown.wait()
+
+    def next(self) -> None:
+        """The next step starts."""
+        with self._lock:
+            self.at += 1
+            if self._shown.is_set():
+                self.say(self.line())
+
+    def __enter__(self) -> "CompileNotice":
+        if self._timer:
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._timer:
+            self._timer.cancel()
 
 
 @dataclass(frozen=True)

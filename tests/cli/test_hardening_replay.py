@@ -235,13 +235,16 @@ def test_kernels_are_warmed_before_the_real_model_and_a_slow_warm_up_says_so(mon
     monkeypatch.setattr(config.ModelSettings, "warm", _recording_warm(config.ModelSettings.warm, said))
     assert replay_main([*SMALL[:-1], "--synthetic-ratings", "300"]) == 0   # not --quiet
     assert built[0] == 64 and built[1] == 100   # the throwaway model first, then the real one
-    assert said == ["compiling kernels (first run only)…"]
-    assert "compiling kernels (first run only)…" in capsys.readouterr().err
+    # the step running when the second passed, then each later one as it starts
+    steps = ["the learner, 1 of 3…", "predictions, 2 of 3…", "the privacy monitor, 3 of 3…"]
+    assert said == [f"compiling kernels (first run only): {step}" for step in steps]
+    assert said[-1] in capsys.readouterr().err
 
 
 def _recording_warm(warm, said):
-    def recording(self, dp=None, say=None, prog="replay"):
-        return warm(self, dp, (lambda line: (said.append(line), say(line))) if say else None, prog)
+    def recording(self, dp=None, say=None, prog="replay", **options):
+        return warm(self, dp, (lambda line: (said.append(line), say(line))) if say else None, prog,
+                    **options)
     return recording
 
 
