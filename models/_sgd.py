@@ -29,7 +29,7 @@ from sketchrec.models._adaptive import (ADAGRAD, ADAGRAD_ID, adagrad_id_steps, a
                                         sum_squares)
 from sketchrec.models.heavy_filter import find, touch
 from sketchrec.models.implicit import implicit_step, implicit_sum, remember, row_of
-from sketchrec.models._writes import write_slot_or_cells
+from sketchrec.models._writes import write_plain, write_slot_or_cells
 from sketchrec.models.storage import ITEM, USER
 
 # positions in the hyper-parameter vector handed to the kernels
@@ -214,14 +214,18 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
 
     The kernel takes the sums as the argument of the optimizer that runs and None for the other:
     numba drops the branches of a None argument before compiling, so a run compiles the steps of
-    its optimizer only (a kernel per optimizer used)."""
+    its optimizer only (a kernel per optimizer used); likewise the implicit term's history (None
+    when the term is off) and SGLD's noisy writes (None without a temperature)."""
     mode = int(hp[OPTIMIZER])
-    _learn(store, acc if mode == ADAGRAD else None, acc if mode == ADAGRAD_ID else None, ukeys, ikeys,
-           ratings, hp, stats, counters, out_pred)
+    imp = store.implicit if store.implicit.owners.shape[0] > 0 else None   # the term is on
+    sgld = hp if hp[SGLD_TAU] > 0.0 else None   # SGLD's noisy writes
+    _learn(store, acc if mode == ADAGRAD else None, acc if mode == ADAGRAD_ID else None, imp, sgld,
+           ukeys, ikeys, ratings, hp, stats, counters, out_pred)
 
 
 @njit(nogil=True, cache=True)
-def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
+def _learn(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, stats, counters,
+           out_pred):
     (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
      fkeys, ffamilies, fcounts, fvectors) = unpack(store)
     k, sketched = salts_u.shape
@@ -240,7 +244,6 @@ def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, coun
     q0 = np.empty(d)
     z = np.empty(d)
     pz = np.empty(d)
-    imp = store.implicit
     dp = np.empty(d)
     dq = np.empty(d)
     b = np.empty(1)
@@ -258,8 +261,10 @@ def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, coun
                         hp[INIT_STD], ai, si, q, q0)
         bu = read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], abu, sbu, b)
         bi = read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], abi, sbi, b)
-        row = row_of(imp, ukeys[n], False)
-        held = implicit_sum(imp, row, z) if row >= 0 else 0
+        row, held = -1, 0
+        if imp is not None:
+            row = row_of(imp, ukeys[n], False)
+            held = implicit_sum(imp, row, z) if row >= 0 else 0
         if held:  # the user's whole vector, summed as the predicting kernels sum it
             for l in range(d):
                 pz[l] = p[l] + z[l]
@@ -292,8 +297,9 @@ def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, coun
         if held:  # the item's step follows the user's whole vector p + z; z's own, the y's
             for l in range(d):
                 dq[l] -= hp[LR] * (pred - ratings[n]) * z[l]
-            implicit_step(imp, row, held, pred - ratings[n], q, hp[IMPLICIT_LR], hp[IMPLICIT_REG])
-        if imp.owners.shape[0] > 0:   # the term is on
+            if imp is not None:   # always, when held
+                implicit_step(imp, row, held, pred - ratings[n], q, hp[IMPLICIT_LR], hp[IMPLICIT_REG])
+        if imp is not None:
             remember(imp, row, ukeys[n], ikeys[n])
         if per_coordinate is not None:
             db[0], db[1] = dbu, dbi
@@ -303,12 +309,19 @@ def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, coun
             db[0], db[1] = dbu, dbi
             adagrad_id_steps(per_id, uslot, islot, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
             dbu, dbi = db[0], db[1]
-        write_slot_or_cells(cells, fvectors, uslot, 0, au, su, dp, noise_std, slot_noise_std)
-        write_slot_or_cells(cells, fvectors, islot, 0, ai, si, dq, noise_std, slot_noise_std)
-        db[0] = dbu
-        write_slot_or_cells(bias_cells, fvectors, uslot, d, abu, sbu, db[:1], noise_std, slot_noise_std)
-        db[0] = dbi
-        write_slot_or_cells(bias_cells, fvectors, islot, d, abi, sbi, db[:1], noise_std, slot_noise_std)
+        db[0], db[1] = dbu, dbi
+        if sgld is None:   # pruned before compiling when the argument is None (see sketch_learn)
+            write_plain(cells, fvectors, uslot, 0, au, su, dp)
+            write_plain(cells, fvectors, islot, 0, ai, si, dq)
+            write_plain(bias_cells, fvectors, uslot, d, abu, sbu, db[:1])
+            write_plain(bias_cells, fvectors, islot, d, abi, sbi, db[1:])
+        else:
+            write_slot_or_cells(cells, fvectors, uslot, 0, au, su, dp, noise_std, slot_noise_std)
+            write_slot_or_cells(cells, fvectors, islot, 0, ai, si, dq, noise_std, slot_noise_std)
+            write_slot_or_cells(bias_cells, fvectors, uslot, d, abu, sbu, db[:1], noise_std,
+                                slot_noise_std)
+            write_slot_or_cells(bias_cells, fvectors, islot, d, abi, sbi, db[1:], noise_std,
+                                slot_noise_std)
         record_rating(stats, ratings[n])
         counters[LEARNED] += 1
 

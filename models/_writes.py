@@ -40,7 +40,17 @@ def write_slot_or_cells(cells, fvectors, slot, offset, addr, sign, delta, cell_n
         scatter_noisy(cells, addr, sign, delta, cell_noise_std)
         return
     if slot_noise_std > 0.0:
-        _add_with_noise(fvectors[slot], offset, delta, slot_noise_std)
+        # np.int64: the callers' constant offset 0 would otherwise compile a copy of its own
+        _add_with_noise(fvectors[slot], np.int64(offset), delta, slot_noise_std)
+        return
+    write_plain(cells, fvectors, slot, offset, addr, sign, delta)
+
+
+@njit(inline="always", cache=True)
+def write_plain(cells, fvectors, slot, offset, addr, sign, delta):
+    """``write_slot_or_cells`` without noise: all a learner without SGLD compiles."""
+    if slot < 0:
+        scatter_add(cells, addr, sign, delta)
         return
     row = fvectors[slot]
     for l in range(delta.shape[0]):

@@ -162,8 +162,10 @@ def touch(keys, families, counts, vectors, store, key, family, slot, clock, addr
         if coin * (smallest + 1) >= 1.0:
             return -1
         _exchange(store, np.int64(families[victim]), keys[victim], addr, sign, baddr, bsign,
-                  vectors[victim], scratch, True)
-    _exchange(store, np.int64(family), key, addr, sign, baddr, bsign, vectors[victim], scratch, False)
+                  vectors[victim], scratch, np.bool_(True))
+    # np.bool_, not a bare True/False: numba would compile one _exchange per literal value
+    _exchange(store, np.int64(family), key, addr, sign, baddr, bsign, vectors[victim], scratch,
+              np.bool_(False))
     keys[victim], families[victim], counts[victim] = key, family, smallest + 1
     return victim
 
