@@ -122,8 +122,8 @@ def stream_audit(debug_seed: int | None) -> tuple[float, float, dict]:
 
 
 def epoch_audit(debug_seed: int | None) -> tuple[float, float, dict]:
-    """Poisson-sampled epochs (q = 0.2, 30 steps) calibrated to epsilon = 1; the attacker sums
-    each canary's score over every step."""
+    """Poisson-sampled epochs (q = 0.2 of the released size: about 30 steps) calibrated to
+    epsilon = 1; the attacker sums each canary's score over every step."""
     canaries = Canaries.make(M, seed=7)
     train = Ratings.concat([background(640, seed=8),
                             Ratings(*canaries.training_part(), np.zeros(int(canaries.included.sum())))])
@@ -133,8 +133,9 @@ def epoch_audit(debug_seed: int | None) -> tuple[float, float, dict]:
     obs, call = Observer(model), model.noisy_step
     model.noisy_step = lambda u, i, r, epoch=0: obs.step(call, epoch, u, i, r, epoch)
     ledger = PrivacyLedger("rating", 1e-5)
-    train_private_epochs(model, train, epochs=6, seed=SEED, ledger=ledger, target_epsilon=1.0)
-    assert len(obs.steps) == 30
+    run = train_private_epochs(model, train, epochs=6, seed=SEED, ledger=ledger, target_epsilon=1.0)
+    # round(1/q) steps an epoch, q from the size the plan releases with fresh noise (not pinned)
+    assert len(obs.steps) == run["steps"] == 6 * round(1 / run["sampling_rate"])
     scores = canary_scores(model, obs, canaries, lambda t: range(M))
     return certified(canaries, scores), ledger.epsilon(), privacy_figures(model, ledger=ledger)
 
