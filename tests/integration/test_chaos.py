@@ -141,7 +141,8 @@ def test_a_fleet_under_poison_kill_9_and_a_broker_pause_ends_exact(own_broker, t
         _send(bootstrap, topic, parts[2], POISON[:1])
         procs.wait(lambda: all(learned(p) == N for p in live), f"{N:,} ratings everywhere", 240)
         figures = [_stats(p) for p in live]
-        assert all(f["ratings_learned"] == N for f in figures)
+        assert all(f.get("ratings_learned") == N for f in figures), \
+            [(p, f.get("ratings_learned"), f.get("offsets")) for p, f in zip(live, figures)]
         assert all(f["offsets"] == figures[0]["offsets"] for f in figures)
         for f in figures:   # every poison message set aside exactly once (not learned, not lost)
             assert f["skipped"].get(LONE) == 3, f["skipped"]
