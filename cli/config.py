@@ -107,13 +107,15 @@ class ModelSettings:
         return Experts(members, capacity=capacity, space_gain=self.space_gain, seed=self.seed)
 
     def warm(self, dp=None, say: Callable[[str], None] | None = None, prog: str = "replay",
-             predicts: bool = True) -> None:
+             predicts: bool = True, epochs: int = 1) -> None:
         """Compile numba's kernels (or load them from its cache) by learning a few ratings on a
         throwaway model of these settings and feeding them to a throwaway privacy monitor, so no
         run counts compile time as learning time. When that takes over a second (the first run
         compiles), ``say`` is told which family of kernels compiles, k of n. ``predicts=False``
         (a run whose only predictions are those ``learn_many`` returns, e.g. a prequential
-        replay) leaves the prediction kernels to compile at their first use, if any."""
+        replay) leaves the prediction kernels to compile at their first use, if any. ``epochs``:
+        a run of several passes plans them on the throwaway model too (the combination's members
+        then learn with other settings, e.g. the implicit term, which compiles other kernels)."""
         if self.kind == "river":
             return
         import numpy as np
@@ -121,6 +123,8 @@ class ModelSettings:
                  *(["the DP step"] if dp is not None else []), "the privacy monitor"]
         with CompileNotice(say, steps) as notice:
             model, ids = self.build(64, dp, prog), np.arange(1, 9, dtype=np.int64)
+            if epochs > 1 and hasattr(model, "plan_epochs"):
+                model.plan_epochs(epochs)
             predictions = model.learn_many(ids, ids, np.full(8, 3.0))
             if predicts:
                 notice.next()

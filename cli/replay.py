@@ -183,7 +183,7 @@ def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     # real model is built after it (its constructor seeds the kernels' random generator)
     predicts = not stream or dp is not None or config.evaluation.topn is not None or bool(
         config.monitor.enabled or config.serving.listen or config.serving.checkpoint)   # these predict
-    settings.warm(dp, None if config.quiet else say, predicts=predicts)
+    settings.warm(dp, None if config.quiet else say, predicts=predicts, epochs=1 if stream else config.epochs)
     model = settings.build(source.capacity, dp, prog)
     from sketchrec.models.private.fallback import with_fallback
     model = with_fallback(model, source.capacity)   # DP: never worse than the private baseline
