@@ -39,8 +39,9 @@ from collections import Counter
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet import snapshots
 from sketchrec.stream.fleet.outage import Outages
-from sketchrec.stream.fleet.replicas import (FleetReplica, ensure_fleet_topics, model_producer,  # noqa: F401
-                                             new_member_id, open_replica, rebuild, write_snapshot)
+from sketchrec.stream.fleet.replicas import (FleetReplica, TopicSnapshots, ensure_fleet_topics,  # noqa: F401
+                                             model_producer, new_member_id, open_replica, rebuild,
+                                             write_snapshot)
 from sketchrec.stream.kafka.consumer import KafkaLearner
 from sketchrec.stream.fleet.model_topic import HEADER, FleetState, Fenced, ModelFeed, encode_meta
 from sketchrec.stream.kafka.intake import finite_errors
@@ -65,8 +66,6 @@ FEED_WAIT_MS = 1   # among others: after a publish, wait this long for their del
 
 class FleetLearner(KafkaLearner):
     """One member of a fleet (see the module docstring). ``service`` comes from ``open_replica``."""
-
-    needs_checkpoints = False
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
                  model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
@@ -96,7 +95,9 @@ class FleetLearner(KafkaLearner):
         # large polls (a small one waits on a fetch round trip); _learn cuts them into sync-sized
         # chunks and publishes between chunks
         super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
-                         checkpoint_seconds=sync_ms / 1000.0, max_poll_records=max_poll_records, **kw)
+                         checkpoint_seconds=sync_ms / 1000.0, max_poll_records=max_poll_records,
+                         sink=TopicSnapshots(service, self.feed, self.model_producer,
+                                             self.snapshot_topic), **kw)
         # local positions, not the fleet's (those are service.offsets)
         self.book = OffsetBook({}, sync_ratings, sync_ms / 1000.0)
 
@@ -341,10 +342,7 @@ class FleetLearner(KafkaLearner):
         if not self.checkpoint("snapshot"):
             return None
         try:
-            self.feed.catch_up()
-            self.tracker.settle()
-            offset = write_snapshot(self.model_producer, self.snapshot_topic, self.service.recommender,
-                                    self.state, self.service.model_cls.__name__)
+            written = self.write_state("snapshot")   # through the sink: TopicSnapshots
         except Fenced as exc:
             self._fence(str(exc))
             return None
@@ -353,9 +351,7 @@ class FleetLearner(KafkaLearner):
             self.outages.failed("snapshot", exc)
             return None
         self.outages.ok("snapshot")
-        log_event("snapshot", offset=offset, position=self.state.position,
-                  ratings=self.service.ratings_learned)
-        return offset
+        return written.extra["offset"]
 
     def run(self, idle_exit: float | None = None) -> None:
         """As ``KafkaLearner.run``; at the end, the model topic is read to its end, so that this

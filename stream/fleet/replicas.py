@@ -20,6 +20,7 @@ from sketchrec.stream.kafka.consumer import kafka_config
 from sketchrec.stream.kafka.contact import broker_contact
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
+from sketchrec.stream.sink import Written
 
 
 def ensure_fleet_topics(bootstrap: str, model_topic: str) -> None:
@@ -137,6 +138,44 @@ def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetS
     parts = {**recommender.state_parts(), **operator_parts(recommender.model)}
     return snapshots.write(producer, topic, parts, {"fleet": state.to_dict(), "model_class": model_class,
                                                     "ratings_learned": int(recommender.model.n_learned)})
+
+
+class TopicSnapshots:
+    """A fleet member's sink (``stream.sink.StateSink``): a snapshot on the model topic's snapshot
+    topic. ``write`` first reads the model topic to its end and settles the replica, which is then
+    exactly the accepted deltas up to that position, and writes it with the fleet's state.
+
+    Parameters
+    ----------
+    service:
+        The member's service (``open_replica``): its recommender, ``fleet`` state and ``tracker``
+        are read at each write (``rebuild`` replaces them in place).
+    feed:
+        The member's reader of the model topic.
+    producer, topic:
+        The producer and the snapshot topic (``snapshots.snapshot_topic``) written to.
+
+    Examples
+    --------
+    >>> from sketchrec.stream.sink import StateSink
+    >>> isinstance(TopicSnapshots.__new__(TopicSnapshots), StateSink)
+    True
+    """
+
+    kind = "snapshot"
+    records_offsets = False   # a member resumes from the model topic's accepted deltas
+
+    def __init__(self, service: LearningService, feed: ModelFeed, producer, topic: str):
+        self.service, self.feed, self.producer, self.topic = service, feed, producer, topic
+
+    def write(self) -> Written:
+        self.feed.catch_up()
+        self.service.tracker.settle()
+        state = self.service.fleet
+        offset = write_snapshot(self.producer, self.topic, self.service.recommender, state,
+                                self.service.model_cls.__name__)
+        return Written(f"snapshot@{offset}", self.service.ratings_learned,
+                       {"offset": offset, "position": state.position})
 
 
 def new_member_id() -> str:

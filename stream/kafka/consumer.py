@@ -40,6 +40,7 @@ from sketchrec.stream.health import log_event
 from sketchrec.stream.serving.server import freeze_startup
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService, NoCheckpoint
+from sketchrec.stream.sink import LocalCheckpoints, StateSink, Written, require_sink
 
 log = logging.getLogger(__name__)
 # seconds an idle consumer (``run(idle_exit=...)``) still waits for assigned partitions that have
@@ -59,19 +60,19 @@ class KafkaLearner:
     ``from_beginning``: partitions the checkpoint does not know start at their beginning even
     with a group (starting over knowingly), not at the group's committed offsets; so do all of
     a topic deleted and created again since the checkpoint (``on_new_topic`` "restart"; "refuse"
-    raises ``identity.NewTopic``: ``kafka.identity``). Subclasses
-    (``kafka.fleet.FleetLearner``) replace where state goes: ``checkpoint``, ``_seek``,
+    raises ``identity.NewTopic``: ``kafka.identity``). Where the state is written is ``sink``'s
+    (``stream.sink``: local checkpoints by default, a fleet member's snapshots on the model
+    topic); ``write_state`` writes through it whichever it is. The fleet member
+    (``stream.fleet.member.FleetLearner``) still replaces ``checkpoint`` (its deltas), ``_seek``,
     ``_record`` and ``_tick``."""
-
-    needs_checkpoints = True
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str | None = None,
                  dead_topic: str | None = None, rating_range: tuple[float, float] | None = (0.5, 5.0),
                  checkpoint_every: int = 50_000, checkpoint_seconds: float = 30.0,
                  max_poll_records: int = 20_000, from_beginning: bool = False,
-                 on_new_topic: str = "restart"):
-        if service.checkpoints is None and self.needs_checkpoints:
-            raise ValueError("the Kafka consumer needs a checkpoint directory")
+                 on_new_topic: str = "restart", sink: StateSink | None = None):
+        # refused before any connection: a consumer whose state has nowhere to go
+        self.sink = LocalCheckpoints(service) if sink is None else require_sink(sink)
         self.service, self.topic, self.group = service, topic, group
         self.dead_topic = dead_topic or f"{topic}.dead"
         self.rating_range = rating_range
@@ -97,7 +98,7 @@ class KafkaLearner:
         self.health = service.health
         self.health.watch_broker()
         self.health.probe = lambda: broker_contact(self.consumer)
-        if self.needs_checkpoints and self.consumer.partitions_for_topic(topic):
+        if self.sink.records_offsets and self.consumer.partitions_for_topic(topic):
             # a deleted and re-created topic: its start, or a one-line refusal (kafka.identity)
             self.from_beginning |= identity.check(self.consumer, service, topic, on_new_topic)
         self._assign()
@@ -306,7 +307,7 @@ class KafkaLearner:
         commit only means the group re-reads from the checkpoint's offsets. True if written."""
         try:
             self.producer.flush(timeout=30)
-            written = self.service.checkpoint()
+            self.write_state(why)
         except Exception as exc:  # noqa: BLE001 - the endpoint stays up; the next one retries
             if isinstance(exc, LedgerIntegrityError):
                 raise
@@ -315,7 +316,6 @@ class KafkaLearner:
             self.book.retry_later()
             return False
         self.health.checkpoint_error = None
-        log_event("checkpoint", why=why, name=written["name"], ratings=written["ratings_learned"])
         if self.dead_letters:
             log_event("dead_letters", total=sum(self.dead_letters.values()),
                       reasons=json.dumps(dict(self.dead_letters), separators=(",", ":")))
@@ -323,6 +323,13 @@ class KafkaLearner:
         self._commit(blocking_commit)
         self.book.checkpointed()
         return True
+
+    def write_state(self, why: str) -> Written:
+        """The consumer's state written through its sink now, and logged in one line (the sink's
+        ``kind`` as the event). Raises as the sink does: the caller decides what a failure means."""
+        written = self.sink.write()
+        log_event(self.sink.kind, why=why, **written.fields())
+        return written
 
     def _commit(self, blocking: bool) -> None:
         if not (self.group and self.book.offsets):

@@ -23,6 +23,7 @@ from sketchrec.stream.kafka.messages import encode_batch, parse_message
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.kafka.producer import DeliveryError, ensure_topic, produce
 from sketchrec.stream.health import Health
+from sketchrec.stream.sink import LocalCheckpoints
 from sketchrec.data import Ratings
 
 NESTED = b"[" * 1000 + b"]" * 1000
@@ -311,6 +312,7 @@ def test_a_failed_checkpoint_keeps_the_consumer_up_and_retries_later(tmp_path, c
     service = _service(tmp_path)
     learner = KafkaLearner.__new__(KafkaLearner)
     learner.service, learner.group, learner.health = service, None, service.health
+    learner.sink = LocalCheckpoints(service)
     learner.producer = types.SimpleNamespace(flush=lambda timeout: None)
     learner.book = OffsetBook(service.offsets, every=10, seconds=60)
     learner.dead_letters = __import__("collections").Counter()

@@ -20,6 +20,7 @@ from sketchrec.stream.fleet import outage
 from sketchrec.stream.fleet.member import FleetLearner
 from sketchrec.stream.fleet.model_topic import FleetState
 from sketchrec.stream.fleet.outage import Outages
+from sketchrec.stream.fleet.replicas import TopicSnapshots
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.recommender import Recommender
@@ -61,6 +62,8 @@ def member(monkeypatch):
     learner.seq, learner.bytes_published, learner.inflight = 0, 0, []
     learner.snapshot_seconds, learner.last_snapshot, learner.last_at = 0.0, -math.inf, None
     learner.fenced, learner.book = None, OffsetBook({}, 10, 60.0)
+    service.fleet, service.tracker = learner.state, learner.tracker
+    learner.sink = TopicSnapshots(service, learner.feed, learner.model_producer, learner.snapshot_topic)
     return learner
 
 
