@@ -18,7 +18,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
 
 CANARY_PREFIX = "__canary__"
 
@@ -26,6 +25,10 @@ CANARY_PREFIX = "__canary__"
 def audit_p_value(epsilon: float, delta: float, m: int, r: int, v: int) -> float:
     """p(eps, delta) = P[Binom(r, q) >= v] + alpha * delta * 2m, q = e^eps / (1 + e^eps), with
     alpha = max_{1 <= i <= v} P[v - i <= Binom(r, q) < v] / i (anchors §5)."""
+    # scipy.stats takes ~1 s to import; only a replay's closing audit (main thread, after learning)
+    # needs it, not every consumer, server and reader process that imports real_rows
+    from scipy.stats import binom
+
     q = 1.0 / (1.0 + math.exp(-epsilon))
     tail = float(binom.sf(v - 1, r, q))
     if delta <= 0 or v <= 0:
@@ -101,6 +104,14 @@ def is_canary(ids: np.ndarray) -> np.ndarray:
     >>> is_canary(np.array(["__canary__u0", "alice", 7], dtype=object)).tolist()
     [True, False, False]
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    try:   # every row's text at once: arrow encodes and compares in C (a replay checks every batch)
+        text = pa.array(ids)
+    except (pa.ArrowException, UnicodeEncodeError):
+        text = None   # an int or a lone surrogate among the ids: per id below
+    if text is not None and (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
+        return pc.starts_with(text, CANARY_PREFIX).fill_null(False).to_numpy(zero_copy_only=False)
     return np.fromiter((isinstance(x, str) and x.startswith(CANARY_PREFIX) for x in ids.tolist()),
                        dtype=bool, count=len(ids))
 
