@@ -7,6 +7,7 @@ import inspect
 
 import numpy as np
 
+from sketchrec import frame
 from sketchrec.models import steps as step_rules
 from sketchrec.models._adaptive import Accumulators
 from sketchrec.models._sgd import (LEARNED, TOTAL, sketch_factors, sketch_learn, sketch_predict,
@@ -21,6 +22,7 @@ from sketchrec.sketches.count_sketch import CountSketch, width_for_space_gain
 DEFAULT_WIDTH = 1 << 16
 DEFAULT_HEAVY_FRACTION = 0.7
 # checkpoint names of the filter's state arrays (they predate the filter being a Sketch)
+CAPS_MAGIC = b"SKUC"   # the operator state's frame: the user unit's cap counts
 _FILTER_ARRAYS = {"cells": "filter_vectors", "keys": "filter_keys", "families": "filter_families",
                   "counts": "filter_counts"}
 
@@ -269,19 +271,15 @@ class SketchMF(FactorizationModel):
 
     def operator_state(self) -> bytes:
         """The user unit's exact cap counts (keys: public hashes of ids), kept out of to_bytes()
-        and checkpointed beside the model as operator state."""
-        import io
+        and checkpointed beside the model as operator state (a ``sketchrec.frame``)."""
         users = np.fromiter(self.user_counts.keys(), dtype=np.uint64, count=len(self.user_counts))
         counts = np.fromiter(self.user_counts.values(), dtype=np.int64, count=len(self.user_counts))
-        buf = io.BytesIO()
-        np.savez(buf, capped_users=users, capped_counts=counts)
-        return buf.getvalue()
+        return frame.encode(CAPS_MAGIC, {}, {"capped_users": users, "capped_counts": counts})
 
     def load_operator_state(self, blob: bytes) -> None:
-        import io
-        with np.load(io.BytesIO(blob)) as arrays:
-            self.user_counts = dict(zip(arrays["capped_users"].tolist(),
-                                        arrays["capped_counts"].tolist()))
+        """Back from ``operator_state`` (or its ``np.savez`` archive of before the frame)."""
+        arrays = frame.decode_arrays(blob, CAPS_MAGIC, "user cap counts").parts
+        self.user_counts = dict(zip(arrays["capped_users"].tolist(), arrays["capped_counts"].tolist()))
 
     def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.vectors.load_state_arrays({"cells": arrays["vectors"]})

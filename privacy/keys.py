@@ -30,11 +30,13 @@ from collections.abc import Hashable, Iterable
 
 import numpy as np
 
+from sketchrec import frame
 from sketchrec.privacy.mode import PrivacyMode
 from sketchrec.sketches.hashing import KEY_DTYPE, as_keys, key_of, keyed_key_of, keyed_keys_of
 
 ID_KEY_PART = "id_key"   # the checkpoint part holding it (operator state: never released)
-_MAGIC = b"SKIDKEY1"
+MAGIC = b"SKIK"          # a frame (sketchrec.frame) with one part, the secret
+_LEGACY = b"SKIDKEY1"    # before the frame: this magic, then the 32 secret bytes
 
 
 class IdKey:
@@ -58,13 +60,21 @@ class IdKey:
 
     def to_bytes(self) -> bytes:
         """For a checkpoint's operator parts only."""
-        return _MAGIC + self._secret
+        return frame.encode(MAGIC, {}, {"secret": self._secret})
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "IdKey":
-        if blob[:len(_MAGIC)] != _MAGIC:
-            raise ValueError("not an id key")
-        return cls(blob[len(_MAGIC):])
+        """Back from ``to_bytes`` (or the version-1 blob written before it was a frame); anything
+        else is one ``FrameError`` line (a ValueError), never a key made of the wrong bytes."""
+        if bytes(blob[:len(_LEGACY)]) == _LEGACY:
+            if len(blob) != len(_LEGACY) + 32:
+                raise frame.FrameError(f"id key: version-1 blob of {len(blob)} bytes, not "
+                                       f"{len(_LEGACY) + 32}")
+            return cls(bytes(blob[len(_LEGACY):]))
+        secret = frame.decode(blob, MAGIC, "id key").parts.get("secret")
+        if not isinstance(secret, bytes) or len(secret) != 32:
+            raise frame.FrameError("id key: the frame holds no 32-byte secret")
+        return cls(secret)
 
     def __repr__(self) -> str:
         return "IdKey(<secret>)"

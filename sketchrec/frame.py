@@ -9,14 +9,17 @@ bytes (null when the writer keeps a digest of its own).
 
 A frame is read without trusting anything but its own bytes: the magic, the version, the header's
 JSON and every length are checked before a part is taken, an array part is copied out of the
-blob, object dtypes are refused, and anything wrong is one ``FrameError`` line (a ``ValueError``)
-that names what was being read. Frames written before this module (``frame`` absent: version 1)
-are read through the writer's ``legacy`` function, which turns the old header's part list into
-today's; without one, version 1 is refused in a line naming it.
+blob, object and structured dtypes are refused (numbers and fixed-width text only), and anything
+wrong is one ``FrameError`` line (a ``ValueError``) that names what was being read. Frames written
+before this module (``frame`` absent: version 1) are read through the writer's ``legacy``
+function, which turns the old header's part list into today's; without one, version 1 is refused
+in a line naming it.
 
-Sketches and model blobs (``sketches.serial``), saved models (``models.api``) and checkpoint files
-(``stream.checkpoint``) are frames. The fleet's model-topic codecs wrap a serial frame in a
-compression envelope of their own (``stream.fleet``; see ``encode_chunks``).
+Sketches and model blobs (``sketches.serial``), saved models (``models.api``), checkpoint files
+(``stream.checkpoint``), the secret id key (``privacy.keys``) and the operator-state blobs inside
+checkpoints (``decode_arrays``: before, ``np.savez`` archives, still read) are frames. The
+fleet's model-topic codecs wrap a serial frame in a compression envelope of their own
+(``stream.fleet``; see ``encode_chunks``).
 
 >>> import numpy as np
 >>> blob = encode(b"DEMO", {"kind": "demo"}, {"cells": np.arange(3, dtype=np.int32), "note": b"hi"})
@@ -32,8 +35,10 @@ demo blob: truncated frame (part 'note' needs 2 bytes, 1 left)
 
 from __future__ import annotations
 
+import io
 import json
 import struct
+import zipfile
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Mapping, Union
@@ -42,7 +47,8 @@ import numpy as np
 
 VERSION = 2
 _OWN = ("frame", "parts", "crc32")   # header keys the frame keeps for itself
-_KINDS = "biufc"                     # numeric dtypes only: no objects, no structured records
+# numbers and fixed-width text (string ids): no objects (pickles), no structured records
+_KINDS = "biufcUS"
 Part = Union[bytes, bytearray, memoryview, np.ndarray]
 
 
@@ -190,3 +196,22 @@ def _checked(spec, what: str) -> tuple[str, np.dtype | None, tuple, int]:
     for n in shape:
         size *= n
     return name, dtype, shape, size
+
+
+_NPZ = b"PK\x03\x04"   # an ``np.savez`` archive (a zip) begins so; a frame never does
+
+
+def decode_arrays(blob: Part, magic: bytes, what: str) -> Frame:
+    """A frame of kind ``magic``, or the ``np.savez`` archive the same writer stored before it was
+    a frame (version 1: read without pickles; its JSON ``meta`` array, as those writers kept it,
+    moved into the header). Damage in either is one ``FrameError`` line."""
+    view = memoryview(blob).cast("B")
+    if bytes(view[:4]) != _NPZ:
+        return decode(view, magic, what)
+    try:
+        with np.load(io.BytesIO(view), allow_pickle=False) as archive:
+            parts = {name: archive[name] for name in archive.files}
+        header = {"meta": json.loads(parts.pop("meta").tobytes())} if "meta" in parts else {}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, UnicodeDecodeError):
+        raise FrameError(f"{what}: corrupt version-1 blob (np.savez archive)") from None
+    return Frame(header, parts, memoryview(b""), 1)

@@ -46,12 +46,11 @@ True
 
 from __future__ import annotations
 
-import io
-import json
 import math
 
 import numpy as np
 
+from sketchrec import frame
 from sketchrec.models.private.joint_baseline import (Encoded, bias_estimates, capped, noisy_bias_statistics,
                                            release_biases)
 from sketchrec.privacy.entropy import noise_generator
@@ -65,6 +64,7 @@ FACTORS = "DP-SGD factor model (the DP choice found no evidence that the baselin
 BASELINE = ("private baseline: DP mean + DP item biases (fallback: the DP choice found the "
             "factor model clearly worse on the users' own ratings)")
 DAMPING = 5.0
+MAGIC = b"SKFB"   # the fallback's checkpoint blob (a sketchrec.frame)
 WINDOW = 10_000   # stream positions per release of the baseline and the choice (public)
 STREAM_MARGIN = 1.0  # noise std of evidence a stream needs to answer from the factor model
 DECAY = 0.5       # weight of the choice's running sum at each new window (stream)
@@ -182,18 +182,16 @@ class DPSGDFallback:
         meta = {"width": self.width, "window": self.window, "total": self._totals[0],
                 "n": self._totals[1], "chose_factors": bool(self.chose_factors),
                 "choice_sum": self.choice_sum, "choice_std": self.choice_std, "windows": self.windows}
-        buf = io.BytesIO()
-        np.savez(buf, model=np.frombuffer(self.model.to_bytes(), np.uint8), sums=self._totals[2],
-                 counts=self._totals[3], meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
-        return buf.getvalue()
+        return frame.encode(MAGIC, {"meta": meta}, {"model": self.model.to_bytes(),
+                                                    "sums": self._totals[2], "counts": self._totals[3]})
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "DPSGDFallback":
         from sketchrec.models.sketch_mf import SketchMF  # DP-SGD runs on the sketch only
-        with np.load(io.BytesIO(blob)) as parts:
-            meta = json.loads(parts["meta"].tobytes())
-            out = cls(SketchMF.from_bytes(parts["model"].tobytes()), meta["width"], meta["window"])
-            out._totals = [meta["total"], meta["n"], parts["sums"].copy(), parts["counts"].copy()]
+        got = frame.decode_arrays(blob, MAGIC, "DP fallback")   # np.savez before the frame
+        meta, parts = got.header["meta"], got.parts
+        out = cls(SketchMF.from_bytes(bytes(parts["model"])), meta["width"], meta["window"])
+        out._totals = [meta["total"], meta["n"], parts["sums"], parts["counts"]]
         out.chose_factors, out.choice_sum = meta["chose_factors"], meta["choice_sum"]
         out.choice_std, out.windows = meta["choice_std"], meta["windows"]
         if out.windows:

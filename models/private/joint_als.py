@@ -30,13 +30,12 @@ True
 
 from __future__ import annotations
 
-import io
-import json
 import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from sketchrec import frame
 from sketchrec.models.private.joint_baseline import (BiasRelease, Encoded, capped, encode, item_index,
                                            loo_residuals, release_biases, ridge_per_user)
 from sketchrec.privacy.accounting import PrivacyLedger
@@ -44,6 +43,8 @@ from sketchrec.privacy.entropy import DEBUG_NOTE, fresh_generator, noise_generat
 from sketchrec.privacy.mode import PrivacyMode, learner_mode
 from sketchrec.privacy.joint_dp import (BASELINE_SHARES, FALLBACK, SHARES, Budget, gaussian,
                                         joint_figures, noisy_choice, stage_noise, symmetric_noise)
+
+MAGIC = b"SKJA"   # the fitted model's checkpoint blob (a sketchrec.frame)
 
 
 @dataclass(frozen=True)
@@ -234,19 +235,16 @@ class PrivateALS:
         meta = {"config": asdict(self.config), "chose_factors": bool(self.chose_factors),
                 "choice_sum": self.choice_sum, "mu": self.release.mu,
                 "ledger": self.ledger.to_dict() if self.ledger is not None else None}
-        buf = io.BytesIO()
-        np.savez(buf, catalogue=self.catalogue, item_bias=self.release.item_bias,
-                 counts=self.release.counts, sums=self.release.sums, factors=self.factors,
-                 coef=self.coef, user_ids=self.user_ids,
-                 meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
-        return buf.getvalue()
+        return frame.encode(MAGIC, {"meta": meta}, {
+            "catalogue": self.catalogue, "item_bias": self.release.item_bias,
+            "counts": self.release.counts, "sums": self.release.sums, "factors": self.factors,
+            "coef": self.coef, "user_ids": self.user_ids})
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "PrivateALS":
         """Back from ``to_bytes``, with its ledger (a restart never resets the budget spent)."""
-        with np.load(io.BytesIO(blob), allow_pickle=False) as parts:
-            arrays = {k: parts[k] for k in parts.files}
-        meta = json.loads(arrays.pop("meta").tobytes())
+        got = frame.decode_arrays(blob, MAGIC, "joint-DP model")   # np.savez before the frame
+        meta, arrays = got.header["meta"], got.parts
         cfg = meta["config"]
         model = cls(JointDPConfig(**{**cfg, "rating_range": tuple(cfg["rating_range"])}), arrays["catalogue"])
         model.release = BiasRelease(meta["mu"], arrays["item_bias"], arrays["counts"], arrays["sums"])

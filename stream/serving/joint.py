@@ -37,19 +37,20 @@ True
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 import time
 
 import numpy as np
 
+from sketchrec import frame
 from sketchrec.data import Ratings
 from sketchrec.models.private.joint_als import PrivateALS
 from sketchrec.models.private.joint_baseline import item_index
 from sketchrec.stream.checkpoint import Checkpoint, CheckpointStore
 from sketchrec.stream.service import LearningService, NoCheckpoint
 
+RATED_MAGIC = b"SKJR"   # each user's training items, in a checkpoint (a sketchrec.frame)
 ACCESS_NOTE = ("on, always: joint DP — /predict and /recommend about user U answer only U's token "
                "or the backend (admin) token")
 
@@ -142,15 +143,14 @@ class JointRecommender:
 
     def state_parts(self) -> dict[str, bytes]:
         """What a checkpoint holds: the fitted model with its ledger, each user's training items."""
-        buf = io.BytesIO()
-        np.savez(buf, rated=self._rated, starts=self._starts)
-        return {"joint": self.model.to_bytes(), "rated": buf.getvalue(),
+        rated = frame.encode(RATED_MAGIC, {}, {"rated": self._rated, "starts": self._starts})
+        return {"joint": self.model.to_bytes(), "rated": rated,
                 "serving": json.dumps({"catalogue_source": self.catalogue_source}).encode()}
 
     @classmethod
     def from_parts(cls, parts: dict[str, bytes]) -> "JointRecommender":
-        with np.load(io.BytesIO(parts["rated"])) as rated:
-            pair = (rated["rated"], rated["starts"])
+        rated = frame.decode_arrays(parts["rated"], RATED_MAGIC, "joint-DP rated items").parts
+        pair = (rated["rated"], rated["starts"])   # np.savez before the frame: still read
         source = json.loads(parts["serving"])["catalogue_source"]
         return cls(PrivateALS.from_bytes(parts["joint"]), None, source, pair)
 
