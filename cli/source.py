@@ -107,35 +107,42 @@ def open_source(config: ReplayConfig, prog: str = "replay") -> Source:
 def _streamed(config: ReplayConfig, source, batch: int, prog: str) -> Source:
     """A file in file order: a counting pass (ids, ratings, what is set aside: the report is
     complete before learning), then the learning pass streams block by block."""
-    users, items = _Distinct(), _Distinct()
+    source = source.again(source.report, intern=False)
+    users, items = DistinctIds(), DistinctIds()
     for chunk in source.chunks():
         users.add(chunk.users)
         items.add(chunk.items)
     report = source.report
     if report.accepted == 0:
         raise SystemExit(no_ratings_message(config.path, report, prog))
-    batches = rebatch(source.again().chunks(), batch)
+    batches = rebatch(source.again(intern=False).chunks(), batch)
     return Source(None, batches, _capacity(config, len(users) + len(items), prog), report.accepted,
                   str(config.path), report, report.fmt)
 
 
-class _Distinct:
-    """Distinct ids seen, in memory proportional to their number (not to the ratings')."""
+class DistinctIds:
+    """How many distinct ids a stream holds, by their 64-bit keys (``sketches.hashing.keys_of``,
+    under which an int and its decimal text are one id, as for the model): 8 bytes per distinct
+    id in one sorted array, never a Python object per id, whatever the ids' text.
+
+    Examples
+    --------
+    >>> ids = DistinctIds()
+    >>> ids.add(np.array([5, 7, 5]))
+    >>> ids.add(np.array(["5", "alice", "alice"], dtype=object))
+    >>> len(ids), ids.keys.nbytes
+    (3, 24)
+    """
 
     def __init__(self) -> None:
-        self.ints = np.empty(0, np.int64)
-        self.texts: set = set()
+        self.keys = np.empty(0, np.uint64)
 
     def add(self, ids: np.ndarray) -> None:
-        if ids.dtype == object:
-            self.texts.update(ids.tolist())
-        else:
-            self.ints = np.union1d(self.ints, ids)
+        from sketchrec.sketches.hashing import keys_of
+        self.keys = np.union1d(self.keys, keys_of(ids))
 
     def __len__(self) -> int:
-        if not self.texts:
-            return len(self.ints)
-        return len(self.texts | {str(x) for x in self.ints.tolist()})
+        return len(self.keys)
 
 
 def _one_line(exc: BaseException) -> str:

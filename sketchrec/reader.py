@@ -17,14 +17,19 @@ class RatingFile:
     """A ratings file read a block at a time (``chunks``), its layout told by sketchrec.formats.
 
     ``rating_range`` as ``RangeCheck`` takes it; ``columns`` (``formats.parse_columns``) and
-    ``sep`` as ``--columns`` and ``--sep`` give them. Opening reads the first line only;
-    LayoutError (a ValueError) when it cannot be told without asking."""
+    ``sep`` as ``--columns`` and ``--sep`` give them; ``intern=False`` for a file streamed block
+    by block (see ``interned``). Opening reads the first line only; LayoutError (a ValueError)
+    when it cannot be told without asking."""
 
     def __init__(self, path: str | Path, rating_range: tuple[float, float] | str | None = None,
-                 columns: dict | None = None, sep: str | None = None, report: ParseReport | None = None):
+                 columns: dict | None = None, sep: str | None = None, report: ParseReport | None = None,
+                 intern: bool = True):
         from sketchrec.formats import compression_of, parquet_layout, sniff
         self.path, self.report = Path(path), report or ParseReport()
-        self.interned: dict = {}   # each distinct text id's one str object (chunks.settle_ids)
+        # each distinct text id's one str object across blocks (chunks.settle_ids): for a file
+        # gathered whole; a streamed file's blocks die as they are learned, and a dict across
+        # them would keep every distinct id alive (intern=False: one object per id per block)
+        self.interned: dict | None = {} if intern else None
         self.codec = compression_of(path)
         self.rating_range, self.columns, self.sep = rating_range, columns, sep
         if self.codec == "parquet":
@@ -47,9 +52,11 @@ class RatingFile:
                 head += more
         return head.split(b"\n", 1)[0].decode("utf-8", "replace")
 
-    def again(self, report: ParseReport | None = None) -> "RatingFile":
-        """The same file, to read once more (a fresh report unless one is given)."""
-        return RatingFile(self.path, self.rating_range, self.columns, self.sep, report)
+    def again(self, report: ParseReport | None = None, intern: bool | None = None) -> "RatingFile":
+        """The same file, to read once more (a fresh report unless one is given; interning as
+        this one unless ``intern`` says)."""
+        intern = self.interned is not None if intern is None else intern
+        return RatingFile(self.path, self.rating_range, self.columns, self.sep, report, intern)
 
     def chunks(self) -> Iterator[Ratings]:
         """The kept ratings, a block at a time, in file order; the report counts as it goes.
