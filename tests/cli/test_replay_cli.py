@@ -67,39 +67,38 @@ def test_speed_paces_the_stream_by_timestamps(tmp_path, capsys):
     assert last_json(capsys)["seconds"] >= 0.19
 
 
+def _holdout(capsys, ml100k, *extra) -> dict:
+    """The 20-epoch holdout of ML-100k at seed 1 (20% held out) with ``extra`` options."""
+    assert replay_main([str(ml100k), "--holdout", "0.2", "--epochs", "20", "--seed", "1",
+                        *extra, "--quiet", "--json"]) == 0
+    result = last_json(capsys)
+    assert result["protocol"] == "holdout" and result["test"] == 20_000
+    return result
+
+
 def test_holdout_on_ml100k_meets_the_accuracy_bar(capsys, ml100k):
-    """Issue 3's bar: 20 epochs, 20% holdout, seed 1 -> sketch RMSE <= 0.920.
+    """Issue 3's bar: 20 epochs, 20% holdout, seed 1 -> sketch RMSE <= 0.920; and the implicit
+    term (`--implicit 64`) moves the same sketch learner well below it (one replay of the plain
+    sketch serves both checks: the suite's slowest replays).
 
     The issue also asks |sketch - dense| <= 0.005 at gamma=1; measured 0.0059 and 0.0071 under two
     hash schemes (the gamma=1 vector sketch itself costs it: with exact biases the gap stays). This
     guards what is reached, not that bar, which is not met yet.
     """
-    rmse = {}
-    for model in ("sketch", "dense"):
-        assert replay_main([str(ml100k), "--holdout", "0.2", "--epochs", "20", "--seed", "1",
-                            "--model", model, "--quiet", "--json"]) == 0
-        result = last_json(capsys)
-        assert result["protocol"] == "holdout" and result["test"] == 20_000
-        rmse[model] = result["rmse"]
+    rmse = {model: _holdout(capsys, ml100k, "--model", model)["rmse"] for model in ("sketch", "dense")}
     assert rmse["sketch"] <= 0.920
     assert 0 <= rmse["sketch"] - rmse["dense"] <= 0.008
+    implicit = _holdout(capsys, ml100k, "--model", "sketch", "--implicit", "64")
+    assert implicit["params"]["implicit"] == 64
+    assert implicit["rmse"] < rmse["sketch"] - 0.003
 
 
 def test_the_default_holdout_on_ml100k_meets_the_accuracy_bar_through_implicit_feedback(capsys, ml100k):
     """Issue 22: defaults, holdout 0.2, 20 epochs -> RMSE <= 0.905 (measured 0.9025 at seed 1); the
-    combination gets there by switching on its factor member's implicit term for epochs, which
-    also moves one sketch learner (`--implicit 64`) well below the same learner without it."""
-    def holdout(*extra):
-        assert replay_main([str(ml100k), "--holdout", "0.2", "--epochs", "20", "--seed", "1",
-                            *extra, "--quiet", "--json"]) == 0
-        result = last_json(capsys)
-        params[extra] = result["params"]
-        return result["rmse"]
-    params = {}
-    assert holdout() <= 0.905
-    assert params[()]["members"] == "bias + sketch adagrad-id lr=0.07 reg=0.12 d=64 implicit=64"
-    assert holdout("--model", "sketch", "--implicit", "64") < holdout("--model", "sketch") - 0.003
-    assert params[("--model", "sketch", "--implicit", "64")]["implicit"] == 64
+    combination gets there by switching on its factor member's implicit term for epochs."""
+    result = _holdout(capsys, ml100k)
+    assert result["rmse"] <= 0.905
+    assert result["params"]["members"] == "bias + sketch adagrad-id lr=0.07 reg=0.12 d=64 implicit=64"
 
 
 @pytest.mark.parametrize("flags, says", [
