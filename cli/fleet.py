@@ -17,6 +17,7 @@ def run_member(config) -> int:
     away; the endpoint keeps serving. 2 when the broker cannot be reached at start."""
     from kafka.errors import KafkaError
 
+    from sketchrec.privacy.keys import key_local_ids
     from sketchrec.stream.fleet.member import FleetLearner, new_member_id, open_replica, rebuild
     from sketchrec.stream.recommender import Recommender
     prog, settings, fleet = "sketchrec consume", config.model, config.fleet
@@ -28,7 +29,10 @@ def run_member(config) -> int:
     dp, ledger = fleet_dp(config)
 
     def empty() -> Recommender:  # the first member's model is every member's starting point
-        return Recommender(settings.build(config.capacity, dp, prog), seed=settings.seed,
+        model = settings.build(config.capacity, dp, prog)
+        if config.ldp_debias:   # a local-DP fleet keys ids: one key, in the first snapshot
+            key_local_ids(model)
+        return Recommender(model, seed=settings.seed,
                            pair_capacity=config.expected_ratings, max_items=config.serving.max_items)
 
     def join(service) -> FleetLearner:
@@ -38,11 +42,13 @@ def run_member(config) -> int:
 
     try:
         service = config.serving.bound(open_replica(config.bootstrap, fleet.model_topic, empty, member,
-                                                    dp=ledger))
-        if service.fleet.dp != ledger:   # its first member's options decided the fleet's model
-            print(f"{prog}: the fleet on {fleet.model_topic} learns {_mode_words(service.fleet.dp)}, "
-                  f"this member was asked for {_mode_words(ledger)}; start every member with the "
-                  "same privacy options (or use another --model-topic)", file=sys.stderr)
+                                                    dp=ledger, ldp_debias=config.ldp_debias))
+        state = service.fleet   # its first member's options decided the fleet's model
+        if (state.dp, state.ldp_debias) != (ledger, config.ldp_debias):
+            print(f"{prog}: the fleet on {fleet.model_topic} learns "
+                  f"{_mode_words(state.dp, state.ldp_debias)}, this member was asked for "
+                  f"{_mode_words(ledger, config.ldp_debias)}; start every member with the same "
+                  "privacy options (or use another --model-topic)", file=sys.stderr)
             return 2
         service.health.broker_lost_after = config.broker_lost_after
         service.feedback = topic_feedback(config.bootstrap, config.topic, config.rating_range)
@@ -124,11 +130,11 @@ def fleet_dp(config):
     return dp, {"unit": dp.unit, "delta": config.dp.delta, "multiplier": dp.stream_multiplier()}
 
 
-def _mode_words(ledger: dict | None) -> str:
-    if ledger is None:
-        return "without a privacy ledger"
-    return (f"with DP-SGD at the {ledger['unit']} unit (delta {ledger['delta']:g}, noise multiplier "
-            f"{ledger['multiplier']:.6g} per pass)")
+def _mode_words(ledger: dict | None, ldp_debias: bool) -> str:
+    words = "without a privacy ledger" if ledger is None else (
+        f"with DP-SGD at the {ledger['unit']} unit (delta {ledger['delta']:g}, noise multiplier "
+        f"{ledger['multiplier']:.6g} per pass)")
+    return words + (" and --ldp-debias" if ldp_debias else " without --ldp-debias")
 
 
 def _rejoin(rebuild, join, stopping: threading.Event, health):

@@ -212,15 +212,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
 )}
 
 # what a privacy mode cannot run with, whatever the kind (its ``forbids`` aside)
-_NO_FLEET = no("the local-DP mode (--ldp-debias) does not run as a fleet yet: the id key and the "
-               "debiasing are one learner's", "run one `consume --checkpoint DIR --ldp-debias` process")
 MODE_LIMITS: dict[PrivacyMode, dict[tuple[str, str], Cell]] = {
     **{PrivacyMode(m): {("feature", "topn"): KINDS["dp-fallback"].cells[("feature", "topn")]}
        for m in _DP},
-    PrivacyMode.LDP: {("input", "fleet"): _NO_FLEET,
-                      ("protocol", "prequential"): no(
-                          "--ldp-epsilon is simulated in the holdout protocol (--holdout F)",
-                          "for a stream, use `sketchrec produce --ldp-epsilon`")},
+    # a local-DP fleet runs: the ratings came perturbed, so its claim is the producer's whatever
+    # the members do; the id key is its first snapshot's, the debiasing the model topic's
+    PrivacyMode.LDP: {("protocol", "prequential"): no(
+        "--ldp-epsilon is simulated in the holdout protocol (--holdout F)",
+        "for a stream, use `sketchrec produce --ldp-epsilon`")},
 }
 
 # what a privacy mode cannot run with when two columns are asked together

@@ -253,6 +253,50 @@ def _fleet_cycle(kind, argv, config=None) -> None:
     assert np.allclose(b.predict_many(users, items), a.predict_many(users, items), atol=1e-6)
 
 
+FLEET_KINDS = [k for k in KINDS if cell(k, "input", "fleet").supported]
+
+
+@pytest.mark.parametrize("kind", FLEET_KINDS)
+def test_a_local_dp_fleet_runs_its_life_cycle(kind):
+    """`consume --fleet --ldp-debias`: the table has no refusal for it, the command builds it,
+    and two replicas keyed by the first snapshot's id key (as every member adopts it) exchange
+    what one learned; both map predictions back through the mechanism the deltas name."""
+    from sketchrec.cli.consume import ConsumeConfig, build_parser
+    from sketchrec.privacy.keys import id_keys_of, key_local_ids
+    from sketchrec.models.api import operator_parts, restore_operator_parts
+    from sketchrec.stream.fleet.model_replicas import replica_for
+    from sketchrec.stream.fleet.model_topic import FleetState
+    from sketchrec.stream.fleet.replicas import FleetService
+    from sketchrec.stream.recommender import Recommender
+    assert refusals(Ask(kind, PrivacyMode.LDP, input="fleet")) == []
+    ap = build_parser()
+    config = ConsumeConfig.from_args(ap.parse_args(["--bootstrap", "127.0.0.1:1", "--topic", "t",
+                                                    "--fleet", "--group", "g", "--ldp-debias",
+                                                    "--model", kind]), ap)
+    assert config.ldp_debias and config.fleet is not None
+    first = config.model.build(200)
+    key_local_ids(first)   # what the first member writes in the first snapshot
+    services = []
+    for _ in range(2):
+        model = config.model.build(200)
+        restore_operator_parts(model, operator_parts(first))
+        service = FleetService(Recommender(model, pair_capacity=1000))
+        service.fleet = FleetState(ldp_debias=True)
+        service.fleet.origin.update(perturbed_on_device=600, mechanism={
+            "mechanism": "BoundedLaplace", "epsilon": 2.0, "range": [1.0, 5.0]})
+        service.follow_origin()
+        services.append(service)
+    a, b = (s.recommender for s in services)
+    assert id_keys_of(a.model).keyed and id_keys_of(b.model).keyed
+    users, items, ratings = _ratings()
+    ra, rb = replica_for(a.model), replica_for(b.model)
+    a.model.learn_many(users, items, ratings)
+    rb.apply(ra.take())
+    assert np.allclose(b.predict_many(users, items), a.predict_many(users, items), atol=1e-6)
+    assert not np.allclose(a.predict_many(users, items), a.model.predict_many(users, items))  # debiased
+    assert services[0].privacy() == services[1].privacy()
+
+
 def test_refusals_come_from_the_table_and_name_what_works_instead():
     assert refusals(Ask("sketch")) == []
     lines = refusals(Ask("mix", PrivacyMode.DP_SGD_RATING, input="fleet", serving=("workers",)))

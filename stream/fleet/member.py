@@ -75,7 +75,8 @@ class FleetLearner(KafkaLearner):
         self.outages = Outages(service.health)   # steps failing while the broker is stalled or gone
         self.model_topic = model_topic
         self.snapshot_topic = snapshots.snapshot_topic(model_topic)
-        self.feed = ModelFeed(bootstrap, model_topic, self.state, self.tracker.apply)
+        self.feed = ModelFeed(bootstrap, model_topic, self.state, self.tracker.apply,
+                              service.follow_origin)
         self.feed.catch_up()
         self.model_producer = model_producer(bootstrap)
         self.published: dict[str, int] = {}   # partition -> offset the model topic covers to
@@ -269,7 +270,8 @@ class FleetLearner(KafkaLearner):
         blob = self.tracker.take()
         if not (covers or blob):
             return
-        meta = encode_meta(self.state.member, self.seq, covers, self.errors, self.skipped_since)
+        meta = encode_meta(self.state.member, self.seq, covers, self.errors, self.skipped_since,
+                           origin=self.service.take_origin())
         # one request in flight (model_producer): the topic holds the deltas in this order
         self.inflight.append(self.model_producer.send(
             self.model_topic, value=blob or b"", key=self.state.member.encode(), partition=0,

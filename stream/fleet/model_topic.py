@@ -80,13 +80,17 @@ def model_topic(topic: str, given: str | None = None) -> str:
 
 
 def encode_meta(member: str, seq: int, covers: dict[int, tuple[int, int]], errors: ErrorStats,
-                skipped: Counter, claims: list[int] = ()) -> bytes:
-    """The header of one delta message, or of a claim (see the module docstring)."""
+                skipped: Counter, claims: list[int] = (), origin: dict | None = None) -> bytes:
+    """The header of one delta message, or of a claim (see the module docstring); ``origin``:
+    how many of its ratings came perturbed on the device or raw, and the local-DP mechanism
+    their headers named (``LearningService.origin``)."""
     meta = {"v": VERSION, "member": member, "seq": seq,
             "covers": {str(p): [int(a), int(b)] for p, (a, b) in covers.items()},
             "errors": errors.to_dict(), "skipped": dict(skipped)}
     if claims:
         meta["claims"] = [str(p) for p in claims]
+    if origin and (origin.get("perturbed_on_device") or origin.get("raw")):
+        meta["origin"] = origin
     return json.dumps(meta, separators=(",", ":")).encode()
 
 
@@ -120,6 +124,11 @@ class FleetState:
     dp: dict | None = None   # a DP fleet: {"unit", "delta", "multiplier"} of one pass (the ledger)
     passes: dict = field(default_factory=dict)   # partition -> DP-SGD passes over it
     charged: list = field(default_factory=list)  # "member/partition" of refused deltas charged
+    # local DP: where the accepted deltas' ratings came from (summed over them, so every replica
+    # reports the same counts and mechanism), and whether the fleet maps predictions back through
+    # that mechanism (its first member's --ldp-debias, fixed in the first snapshot)
+    origin: dict = field(default_factory=lambda: no_origin())
+    ldp_debias: bool = False
 
     def duplicate(self, meta: dict) -> bool:
         return meta.get("seq", 0) <= self.seen.get(meta.get("member"), -1)
@@ -141,6 +150,11 @@ class FleetState:
         self.errors.sq += e.get("sq", 0.0)
         self.errors.abs += e.get("abs", 0.0)
         self.skipped.update(meta.get("skipped") or {})
+        origin = meta.get("origin") or {}
+        for key in ("perturbed_on_device", "raw"):
+            self.origin[key] += int(origin.get(key, 0))
+        if origin.get("mechanism"):
+            self.origin["mechanism"] = origin["mechanism"]
         self.seen[meta.get("member")] = meta.get("seq", 0)
         self.position = offset + 1
 
@@ -181,14 +195,22 @@ class FleetState:
     def to_dict(self) -> dict:
         return {"position": self.position, "covered": self.covered, "errors": self.errors.to_dict(),
                 "skipped": dict(self.skipped), "seen": self.seen, "owners": self.owners,
-                "dp": self.dp, "passes": self.passes, "charged": self.charged}
+                "dp": self.dp, "passes": self.passes, "charged": self.charged,
+                "origin": self.origin, "ldp_debias": self.ldp_debias}
 
     @classmethod
     def from_dict(cls, d: dict, member: str | None = None) -> "FleetState":
         return cls(member, d["position"], dict(d["covered"]), ErrorStats.from_dict(d["errors"]),
                    Counter(d.get("skipped", {})), seen=dict(d.get("seen", {})),
                    owners=dict(d.get("owners", {})), dp=d.get("dp"),
-                   passes=dict(d.get("passes", {})), charged=list(d.get("charged", [])))
+                   passes=dict(d.get("passes", {})), charged=list(d.get("charged", [])),
+                   origin={**no_origin(), **(d.get("origin") or {})},
+                   ldp_debias=bool(d.get("ldp_debias", False)))
+
+
+def no_origin() -> dict:
+    """A ``LearningService.origin`` that has counted nothing."""
+    return {"perturbed_on_device": 0, "raw": 0, "mechanism": None}
 
 
 class ModelFeed:
@@ -196,10 +218,11 @@ class ModelFeed:
     ``apply(blob)`` (``DeltaTracker.apply``); this member's own deltas are already in its replica
     and are only settled. ``poll()`` takes what has arrived; ``catch_up()`` reads to the end."""
 
-    def __init__(self, bootstrap: str, topic: str, state: FleetState, apply):
+    def __init__(self, bootstrap: str, topic: str, state: FleetState, apply, on_origin=None):
         from kafka import KafkaConsumer, TopicPartition
         from sketchrec.stream.kafka.consumer import kafka_config
         self.state, self.apply = state, apply
+        self.on_origin = on_origin   # called after settling a delta that names its ratings' origin
         self.tp = TopicPartition(topic, 0)
         # no CRC check in Python (~10 MB/s: the cost of reading big deltas; the broker checked
         # it on produce), and a short fetch wait: a poll between two input polls must not block
@@ -253,6 +276,8 @@ class ModelFeed:
             self.apply(msg.value)
         self.bytes_read += len(msg.value or b"")
         self.state.settle(meta, msg.offset)
+        if meta.get("origin") and self.on_origin is not None:
+            self.on_origin()
 
     def close(self) -> None:
         self.consumer.close(autocommit=False)

@@ -13,7 +13,7 @@ import uuid
 from sketchrec.models.registry import MODELS
 from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
 from sketchrec.stream.fleet import snapshots
-from sketchrec.stream.fleet.model_topic import MAX_MESSAGE_BYTES, FleetState, ModelFeed
+from sketchrec.stream.fleet.model_topic import MAX_MESSAGE_BYTES, FleetState, ModelFeed, no_origin
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.health import log_event
 from sketchrec.stream.kafka.consumer import kafka_config
@@ -61,6 +61,42 @@ class FleetService(LearningService):
                    "most-passed partition (its passes composed), not a sum over members; a "
                    "refused delta (a zombie's) is one more pass over its partitions")
 
+    def __init__(self, *args, **kw):
+        self.pending_origin = no_origin()   # this member's counts, until its next delta carries them
+        self._debiased_for = None           # the mechanism the recommender's debias map is for
+        super().__init__(*args, **kw)
+
+    # local DP: where the fleet's ratings came from is what its accepted deltas say, and whether
+    # to debias is the fleet's (its first snapshot's), so every member and replica reports and
+    # answers alike; what the base class would set per process is ignored
+    origin = property(lambda self: self.fleet.origin if getattr(self, "fleet", None) else no_origin(),
+                      lambda self, value: None)
+    debias_ldp = property(lambda self: bool(getattr(self, "fleet", None) and self.fleet.ldp_debias),
+                          lambda self, value: None)
+
+    def record_origin(self, headers, n_ratings: int) -> None:
+        """Count a message's ratings for this member's next delta. Never draws an id key (as one
+        learner does on its first perturbed rating): a member's own key would orphan what the
+        others learn; a local-DP fleet's key comes with its first snapshot."""
+        from sketchrec.privacy.ldp import HEADER, parse_header
+        named = dict(headers or []).get(HEADER)
+        mechanism = parse_header(named) if named is not None else None
+        self.pending_origin["raw" if mechanism is None else "perturbed_on_device"] += n_ratings
+        if mechanism is not None:
+            self.pending_origin["mechanism"] = mechanism
+
+    def take_origin(self) -> dict:
+        """The counts of ``record_origin`` since the last take (for a delta's header)."""
+        taken, self.pending_origin = self.pending_origin, no_origin()
+        return taken
+
+    def follow_origin(self) -> None:
+        """Map predictions back through the mechanism the model topic has named, once it is named
+        (and again if it changes)."""
+        if self.origin["mechanism"] != self._debiased_for:
+            self._debiased_for = self.origin["mechanism"]
+            self.apply_ldp_debias()
+
     @property
     def ledger(self):
         state = getattr(self, "fleet", None)
@@ -83,12 +119,13 @@ class FleetService(LearningService):
 
 
 def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member: str | None = None,
-                 wait: float = 60.0, dp: dict | None = None) -> LearningService:
+                 wait: float = 60.0, dp: dict | None = None, ldp_debias: bool = False) -> LearningService:
     """A service whose recommender is the newest snapshot's, with ``service.fleet`` (its
     FleetState) and ``service.tracker`` (its DeltaTracker) set. With ``make_recommender`` and no
     snapshot yet, that recommender's empty state is written as the first one (all members then
     start from the same bytes, whichever wrote first) with ``dp`` (a DP fleet's unit, delta and
-    per-pass multiplier: ``FleetState.dp``); without, wait up to ``wait`` seconds."""
+    per-pass multiplier: ``FleetState.dp``) and ``ldp_debias`` (a local-DP fleet maps predictions
+    back); without, wait up to ``wait`` seconds."""
     ensure_fleet_topics(bootstrap, model_topic)
     topic = snapshots.snapshot_topic(model_topic)
     snap, deadline = snapshots.newest(bootstrap, topic), time.monotonic() + wait
@@ -96,7 +133,8 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
         if make_recommender is not None:
             first = make_recommender()
             producer = model_producer(bootstrap)
-            write_snapshot(producer, topic, first, FleetState(dp=dp), type(first.model).__name__)
+            write_snapshot(producer, topic, first, FleetState(dp=dp, ldp_debias=ldp_debias),
+                           type(first.model).__name__)
             producer.close(timeout=10)
         elif time.monotonic() > deadline:
             raise TimeoutError(f"no snapshot in {topic} after {wait:g} s: start a learner first")
@@ -112,6 +150,7 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
     # the service's figures are the fleet's: what the accepted deltas say
     service.errors, service.skipped, service.offsets = state.errors, state.skipped, state.covered
     service.fleet, service.tracker = state, DeltaTracker(recommender, member)
+    service.follow_origin()
     service.last_checkpoint = {"name": f"snapshot@{snap.offset}", "seq": snap.offset,
                                "ratings_learned": snap.meta.get("ratings_learned"),
                                "at": snap.meta.get("written_at")}
@@ -131,6 +170,9 @@ def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: 
     for name in ("errors", "skipped", "offsets", "fleet", "tracker", "last_checkpoint", "model_cls"):
         setattr(service, name, getattr(fresh, name))
     service.recommender = fresh.recommender   # last: one reference swap for the endpoint
+    service._debiased_for = None   # the new recommender is debiased afresh
+    service.pending_origin = no_origin()   # the successor of the fenced member counts those again
+    service.follow_origin()
 
 
 def write_snapshot(producer, topic: str, recommender: Recommender, state: FleetState,
@@ -188,7 +230,8 @@ class FleetReplica:
 
     def __init__(self, service: LearningService, bootstrap: str, model_topic: str):
         self.service = service
-        self.feed = ModelFeed(bootstrap, model_topic, service.fleet, service.tracker.apply)
+        self.feed = ModelFeed(bootstrap, model_topic, service.fleet, service.tracker.apply,
+                              service.follow_origin)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="model-topic")
 

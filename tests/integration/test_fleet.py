@@ -243,7 +243,6 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
     (["--fleet", "--group", "g", "--sync-ratings", "0"], "must be positive"),
     (["--fleet", "--group", "g", "--checkpoint", "d"], "not in --checkpoint"),
     (["--fleet", "--group", "g", "--dp-epsilon", "1", "--serve", "127.0.0.1:0"], "serve the fleet's model from"),
-    (["--fleet", "--group", "g", "--ldp-debias"], "does not run as a fleet yet"),
     (["--fleet", "--group", "g", "--implicit", "8"], "--implicit does not run as a fleet"),
     (["--group", "g"], "or --fleet with --group"),
     (["--group", "g", "--checkpoint", "d", "--model-topic", "m"], "--model-topic is for --fleet"),
