@@ -224,27 +224,42 @@ function explain(stats, privacy) {
 }
 
 // --- try it ------------------------------------------------------------------------------------
-document.getElementById("try").addEventListener("submit", async (event) => {
-  event.preventDefault();
-  const out = document.getElementById("try-out");
-  const user = document.getElementById("try-user").value;
-  const k = document.getElementById("try-k").value || "10";
-  out.textContent = "…";
-  try {
-    const r = await fetch(`recommend?${new URLSearchParams({ user, k })}`, { headers: AUTH });
-    const body = await r.json();
-    if (!r.ok) throw new Error(typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail));
-    const table = document.createElement("table");
-    table.innerHTML = "<tr><th>#</th><th>item</th><th>score</th></tr>";
-    body.items.forEach((x, i) => {
-      const row = table.insertRow();
-      [String(i + 1), String(x.item), x.score.toFixed(3)].forEach((text) => { row.insertCell().textContent = text; });
-    });
-    out.replaceChildren(`${body.items.length} items for user ${body.user} (source: ${body.source})`, table);
-  } catch (e) {
-    out.textContent = `error: ${e.message}`;
-  }
-});
+// A ranked list as a table; the title column only when the service has titles (--items) for some
+// of its items (an item the file does not name has none: its cell stays empty).
+function ranked(items) {
+  const titles = items.some((x) => typeof x.title === "string");
+  const table = document.createElement("table");
+  table.innerHTML = `<tr><th>#</th><th>item</th>${titles ? "<th>title</th>" : ""}<th>score</th></tr>`;
+  items.forEach((x, i) => {
+    const row = table.insertRow();
+    const cells = [String(i + 1), String(x.item), ...(titles ? [x.title || ""] : []), x.score.toFixed(3)];
+    cells.forEach((text) => { row.insertCell().textContent = text; });
+  });
+  return table;
+}
+
+// Ask ``route`` with ``params`` and show its ranked items under ``caption(body)``.
+function tryIt(form, route, params, caption) {
+  document.getElementById(form).addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const out = document.getElementById("try-out");
+    out.textContent = "…";
+    try {
+      const r = await fetch(`${route}?${new URLSearchParams(params())}`, { headers: AUTH });
+      const body = await r.json();
+      if (!r.ok) throw new Error(typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail));
+      out.replaceChildren(caption(body), ranked(body.items));
+    } catch (e) {
+      out.textContent = `error: ${e.message}`;
+    }
+  });
+}
+
+const field = (id, fallback) => document.getElementById(id).value || fallback;
+tryIt("try", "recommend", () => ({ user: field("try-user"), k: field("try-k", "10") }),
+  (body) => `${body.items.length} items for user ${body.user} (source: ${body.source})`);
+tryIt("similar", "similar", () => ({ item: field("similar-item"), k: field("similar-k", "10") }),
+  (body) => `${body.items.length} items like ${body.item}${body.title ? ` (${body.title})` : ""}`);
 
 window.addEventListener("resize", () => {
   for (const [id, chart] of Object.entries(charts)) {

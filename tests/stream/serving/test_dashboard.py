@@ -308,3 +308,52 @@ def test_a_consumer_waiting_for_its_broker_then_learning(browser):
         page.close()
     finally:
         server.stop()
+
+
+def test_try_it_shows_titles_on_recommend_and_similar(browser):
+    """With item titles (--items), the "try it" box shows each recommended and each similar item's
+    title beside its id, as /recommend and /similar answer them (an item the file does not name
+    has an empty title cell); without titles there is no title column."""
+    from sketchrec.stream.titles import Titles
+    service = LearningService(Recommender(SketchMF(dim=8, capacity=1000, seed=0), pair_capacity=50_000,
+                                          seed=0))
+    data = SyntheticStream(n_ratings=4000, n_users=200, n_items=150, seed=1).all()
+    service.recommender.learn_many(data.users, data.items, data.ratings)
+    server = ServerThread(create_app(service, ADMIN), "127.0.0.1", 0).start()
+    base, auth = f"http://127.0.0.1:{server.port}", {"Authorization": f"Bearer {ADMIN}"}
+
+    def shown(page, form: str, fields: dict, route: str, params: dict) -> tuple[list, dict]:
+        for name, value in fields.items():
+            page.fill(f"#{form}-{name}", value)
+        page.evaluate("document.getElementById('try-out').replaceChildren()")   # the last answer gone
+        page.click(f"#{form} button")
+        page.wait_for_selector("#try-out tr:nth-child(6)")
+        rows = page.locator("#try-out tr").all()
+        return ([[c.inner_text() for c in row.locator("th, td").all()] for row in rows],
+                httpx.get(base + route, params=params, headers=auth).json())
+
+    try:
+        page = browser.new_page()
+        page.goto(base + "/#token=" + ADMIN)
+        wait_until(page, "window.dashboard.polls >= 1", timeout=10)
+        table, _ = shown(page, "try", {"user": "7", "k": "5"}, "/recommend", {"user": "7", "k": 5})
+        assert table[0] == ["#", "item", "score"]    # no titles: no title column
+        service.titles = Titles({str(i): f"Film {i}" for i in range(0, 150, 2)})
+        server.stop()   # the app reads the titles when it is made
+        server = ServerThread(create_app(service, ADMIN), "127.0.0.1", 0).start()
+        base = f"http://127.0.0.1:{server.port}"
+        page.goto(base + "/#token=" + ADMIN)
+        wait_until(page, "window.dashboard.polls >= 1", timeout=10)
+        table, expected = shown(page, "try", {"user": "7", "k": "5"}, "/recommend", {"user": "7", "k": 5})
+        assert table[0] == ["#", "item", "title", "score"]
+        assert [row[1:3] for row in table[1:]] == [[str(x["item"]), x.get("title", "")]
+                                                    for x in expected["items"]]
+        assert any(row[2] for row in table[1:]) and all(row[2] in ("", f"Film {row[1]}") for row in table[1:])
+        table, expected = shown(page, "similar", {"item": "4", "k": "5"}, "/similar", {"item": "4", "k": 5})
+        assert table[0] == ["#", "item", "title", "score"]
+        assert [row[1:3] for row in table[1:]] == [[str(x["item"]), x.get("title", "")]
+                                                    for x in expected["items"]]
+        assert "items like 4 (Film 4)" in page.inner_text("#try-out")
+        page.close()
+    finally:
+        server.stop()
