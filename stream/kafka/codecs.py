@@ -25,6 +25,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from sketchrec.stream.kafka import internals
+
 log = logging.getLogger(__name__)
 
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
@@ -47,8 +49,8 @@ class BatchHeader:
 def header_of(batch, problem: str = "codec") -> BatchHeader:
     """The header of a kafka-python ``DefaultRecordBatch`` (parsed from its first bytes, before
     any decompression)."""
-    raw = bytes(batch._buffer) if len(batch._buffer) <= MAX_DEAD_BATCH_BYTES else None
-    return BatchHeader(batch.base_offset, batch.next_offset, batch._num_records,
+    raw = internals.batch_bytes(batch) if internals.batch_size(batch) <= MAX_DEAD_BATCH_BYTES else None
+    return BatchHeader(batch.base_offset, batch.next_offset, internals.batch_records(batch)[1],
                        CODECS.get(batch.compression_type, f"codec-{batch.compression_type}"), raw,
                        problem)
 
@@ -86,23 +88,16 @@ _installed = False
 def install() -> None:
     """Make a failure to decompress a v2 record batch carry the batch's header (idempotent).
 
-    The exception keeps its type; it gains an attribute ``sketchrec_batch`` (a BatchHeader).
+    The exception keeps its type; it gains an attribute ``sketchrec_batch`` (a BatchHeader). On a
+    kafka-python this was not checked against, nothing is wrapped (``kafka.internals``).
     """
     global _installed
-    if _installed:
-        return
-    from kafka.record.default_records import DefaultRecordBatch
-    original = DefaultRecordBatch._maybe_uncompress
+    if not _installed:
+        _installed = internals.wrap_uncompress(_mark)
 
-    def _maybe_uncompress(self):
-        try:
-            original(self)
-        except Exception as exc:
-            exc.sketchrec_batch = header_of(self)
-            raise
 
-    DefaultRecordBatch._maybe_uncompress = _maybe_uncompress
-    _installed = True
+def _mark(batch, exc: BaseException) -> None:
+    exc.sketchrec_batch = header_of(batch)
 
 
 def unreadable(consumer, exc: BaseException) -> UnreadableBatch | None:
@@ -111,8 +106,7 @@ def unreadable(consumer, exc: BaseException) -> UnreadableBatch | None:
     header = getattr(exc, "sketchrec_batch", None)
     if header is None and not isinstance(exc, UnsupportedCodecError):
         return None
-    part = getattr(getattr(consumer, "_fetcher", None), "_next_partition_records", None)
-    tp = getattr(part, "topic_partition", None)
+    tp = internals.fetching_partition(consumer)
     if tp is None:
         return None  # cannot say where it is: better to fail loudly than to skip blindly
     position = consumer.position(tp)

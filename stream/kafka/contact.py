@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from sketchrec.stream.kafka import internals
+
 SILENT_AFTER = 3.0        # seconds an ordinary request may wait before the broker counts as silent
 LONG_REQUEST_S = 60.0     # requests allowed longer than this (group joins) do not count
 
@@ -35,7 +37,8 @@ class Contact:
 
 def broker_contact(client_owner, silent_after: float = SILENT_AFTER, now: float | None = None) -> Contact:
     """The contact of a ``KafkaConsumer`` or ``KafkaProducer`` (anything with ``_client``) with
-    its brokers. Unknown internals (another kafka-python) count as answering: no false alarm.
+    its brokers. Unknown internals (another kafka-python: ``kafka.internals``) count as
+    answering: no false alarm.
 
     >>> class Conn:
     ...     connected, in_flight_requests = True, [(1, None, 90.0, 120.0, None)]
@@ -50,7 +53,10 @@ def broker_contact(client_owner, silent_after: float = SILENT_AFTER, now: float 
     """
     now = time.monotonic() if now is None else now
     try:
-        conns = [c for c in list(client_owner._client._manager._conns.values()) if c.connected]
+        conns = internals.connections(client_owner)
+        if conns is None:
+            return Contact(True)
+        conns = [c for c in conns if c.connected]
         if not conns:
             return Contact(False, None, "no broker connection")
         last_read = max(c.transport.last_read for c in conns)
@@ -67,23 +73,10 @@ def broker_contact(client_owner, silent_after: float = SILENT_AFTER, now: float 
 
 
 def track_stable_offsets(consumer) -> bool:
-    """Keep, on ``consumer``'s fetcher, each partition's last stable offset from every fetch
-    response (``messages_behind`` reads it). False, the consumer untouched, when its fetcher is
-    not the kind this was written against: the lag then counts open transactions' messages."""
-    fetcher = getattr(consumer, "_fetcher", None)
-    parse = getattr(fetcher, "_parse_fetched_data", None)
-    if parse is None:
-        return False
-    stable = fetcher.sketchrec_stable = {}
-
-    def parse_keeping_stable(completed_fetch):
-        offset = getattr(completed_fetch.partition_data, "last_stable_offset", -1)
-        if isinstance(offset, int) and offset >= 0:   # -1: the broker did not say
-            stable[completed_fetch.topic_partition] = offset
-        return parse(completed_fetch)
-
-    fetcher._parse_fetched_data = parse_keeping_stable   # this consumer's fetcher only
-    return True
+    """Keep each partition's last stable offset from every fetch response of ``consumer``
+    (``messages_behind`` reads it). False, the consumer untouched, when its fetcher is not the kind
+    this was written against (``kafka.internals``): the lag then counts open transactions' messages."""
+    return internals.track_stable_offsets(consumer)
 
 
 def messages_behind(consumer) -> int | None:
@@ -101,8 +94,9 @@ def messages_behind(consumer) -> int | None:
     0
     """
     try:
-        stable = getattr(getattr(consumer, "_fetcher", None), "sketchrec_stable", {})
-        states = list(consumer._subscription.assignment.items())
+        stable, states = internals.stable_offsets(consumer), internals.assignment(consumer)
+        if states is None:
+            return None
         known = [min(s.highwater, stable.get(tp, s.highwater)) - s.position.offset for tp, s in states
                  if s.highwater is not None and s.position is not None]
     except (AttributeError, RuntimeError, TypeError):

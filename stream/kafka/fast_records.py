@@ -4,11 +4,13 @@ kafka-python reads a fetched v2 record batch one record at a time in Python (``D
 _read_msg``: six varints, two slices, a record object, then a ``ConsumerRecord`` with its sizes),
 about 5 us a record: with one rating per message, two thirds of a learner's time (py-spy on
 ``bench.kafka``). The library gives no batch-level access, so :func:`install` gives one consumer's
-fetcher a ``PartitionRecords`` whose batch loop is kafka-python's own (CRC check, aborted
-transactions skipped under read_committed, control batches stepped over, the fetch position kept)
-but whose records come from :func:`scan_records`, a numba pass over the batch's (decompressed) bytes
-that returns every record's offset delta, timestamp delta and key / value spans at once. The
-records handed out are the same ``ConsumerRecord`` tuples, field for field.
+fetcher a ``PartitionRecords`` (built in ``kafka.internals``, the one module that reaches
+kafka-python's internals, on the versions it was checked against) whose batch loop is
+kafka-python's own (CRC check, aborted transactions skipped under read_committed, control batches
+stepped over, the fetch position kept) but whose records come from :func:`scan_records`, a numba
+pass over the batch's (decompressed) bytes that returns every record's offset delta, timestamp
+delta and key / value spans at once. The records handed out are the same ``ConsumerRecord``
+tuples, field for field.
 
 A batch the pass does not take as a whole — a record with headers, a control batch, anything
 malformed — goes through kafka-python's own reader, so headers are read and corrupt records raise
@@ -30,20 +32,17 @@ compression, tombstones, keys, headers).
 
 from __future__ import annotations
 
-import functools
 from itertools import repeat
 
 import numpy as np
 from numba import njit
 
 from sketchrec.stream.kafka import codecs as codec_errors
+from sketchrec.stream.kafka import internals
+from sketchrec.stream.kafka.internals import RECORD_FIELDS  # noqa: F401 (the records' fields)
 
 # the v2 batch header's size: records start here in an uncompressed batch
 RECORDS_START = 61
-# kafka-python 3.0's ConsumerRecord, which the records are built as (another: the library's reader)
-RECORD_FIELDS = ("topic", "partition", "leader_epoch", "offset", "timestamp", "timestamp_type", "key",
-                 "value", "headers", "checksum", "serialized_key_size", "serialized_value_size",
-                 "serialized_header_size")
 
 
 @njit(cache=True, nogil=True)
@@ -119,10 +118,11 @@ def _records_of(batch, tp, leader_epoch, consumer_record):
 
     Only the batch's decompression happens here (the library's reader would do it first, and
     does not again): on None the library reads the batch from its first record."""
-    batch._maybe_uncompress()   # kafka-python's (with codec_errors' header on failure)
-    data = bytes(batch._buffer)
+    internals.uncompress(batch)   # kafka-python's (with codec_errors' header on failure)
+    data = internals.batch_bytes(batch)
     n = batch.records_count
-    read, off, ts, ks, kl, vs, vl, size = scan_records(np.frombuffer(data, np.uint8), batch._pos, n)
+    start, _ = internals.batch_records(batch)
+    read, off, ts, ks, kl, vs, vl, size = scan_records(np.frombuffer(data, np.uint8), start, n)
     if read != n:
         return None
     base, ts_type = batch.base_offset, batch.timestamp_type
@@ -139,114 +139,24 @@ def _records_of(batch, tp, leader_epoch, consumer_record):
     return out, size
 
 
+def _read_batch(batch, tp, leader_epoch, consumer_record):
+    return _records_of(batch, tp, leader_epoch, consumer_record)   # looked up at each call
+
+
 def install(consumer) -> bool:
     """Give ``consumer`` (a kafka-python ``KafkaConsumer``) the compiled record reader.
 
-    False, and the consumer left as it was, when its fetcher is not the kind this was written
-    against (a future kafka-python): correctness never depends on it, only speed."""
-    from kafka.consumer import fetcher as kafka_fetcher
-    fetcher = getattr(consumer, "_fetcher", None)
+    False, and the consumer left as it was, on a kafka-python whose internals this was not
+    checked against (``kafka.internals``): correctness never depends on it, only speed."""
     fast = partition_records_class()
-    if fast is None or not isinstance(fetcher, kafka_fetcher.Fetcher):
-        return False
-    fetcher.PartitionRecords = fast   # this consumer's fetcher only; the class is untouched
-    return True
+    return fast is not None and internals.install_partition_records(consumer, fast)
 
 
 def partition_records_class() -> type | None:
-    """The fast ``PartitionRecords`` for the installed kafka-python, or None if its fetcher
-    lacks what ours builds on."""
-    from kafka.consumer import fetcher as kafka_fetcher
-    library = getattr(kafka_fetcher.Fetcher, "PartitionRecords", None)
-    needed = ("_unpack_records", "_maybe_skip_record", "_consume_aborted_transactions_up_to",
-              "_contains_abort_marker", "_is_batch_aborted", "_deserialize")
-    if library is None or not all(hasattr(library, name) for name in needed) \
-            or not all(hasattr(kafka_fetcher, name) for name in ("Errors", "IsolationLevel",
-                                                                  "ConsumerRecord")) \
-            or getattr(kafka_fetcher.ConsumerRecord, "_fields", None) != RECORD_FIELDS:
-        return None
-    return _fast_class(library, kafka_fetcher)
+    """The fast ``PartitionRecords`` for the installed kafka-python, or None (``kafka.internals``:
+    an unchecked version, or a fetcher that lacks what ours builds on)."""
+    return internals.partition_records_class(_read_batch, _crc_header)
 
 
-@functools.cache   # one class per kafka-python PartitionRecords
-def _fast_class(library, kafka_fetcher):
-    errors = kafka_fetcher.Errors
-    read_committed = kafka_fetcher.IsolationLevel.READ_COMMITTED
-    consumer_record = kafka_fetcher.ConsumerRecord
-
-    class FastPartitionRecords(library):
-        """kafka-python's PartitionRecords with whole batches read by :func:`scan_records`.
-
-        ``_unpack_records`` follows kafka-python 3.0's, step for step, except where marked."""
-
-        def _unpack_records(self, tp, records, key_deserializer, value_deserializer):
-            plain = key_deserializer is None and value_deserializer is None  # ours: bytes out
-            try:
-                batch = records.next_batch()
-                last_batch = None
-                while batch is not None:
-                    last_batch = batch
-                    if self.check_crcs and not batch.validate_crc():
-                        exc = errors.CorruptRecordError(
-                            "Record batch for partition %s at offset %s failed crc check" % (
-                                self.topic_partition, batch.base_offset))
-                        if batch.magic == 2:   # ours: the consumer can set the batch aside
-                            exc.sketchrec_batch = codec_errors.header_of(batch, "crc")
-                        raise exc
-                    if batch.magic == 2:
-                        self.leader_epoch = batch.leader_epoch
-                        if self.isolation_level == read_committed and batch.has_producer_id():
-                            self._consume_aborted_transactions_up_to(batch.last_offset)
-                            producer_id = batch.producer_id
-                            if self._contains_abort_marker(batch):
-                                self.aborted_producer_ids.discard(producer_id)
-                            elif self._is_batch_aborted(batch):
-                                self.next_fetch_offset = batch.next_offset
-                                batch = records.next_batch()
-                                continue
-                        if batch.is_control_batch:
-                            self.next_fetch_offset = batch.next_offset
-                            batch = records.next_batch()
-                            continue
-                        # ours: the whole batch in one compiled pass, when it can be
-                        fast = _records_of(batch, tp, self.leader_epoch, consumer_record) \
-                            if plain else None
-                        if fast is not None:
-                            got, sizes = fast
-                            self.records_read += len(got)
-                            self.bytes_read += int(sizes.sum())
-                            for record in got:
-                                self.next_fetch_offset = record.offset + 1
-                                yield record
-                            batch = records.next_batch()
-                            continue
-                    for record in batch:   # the library's reader (headers, v0/v1, malformed)
-                        if self.check_crcs and not record.validate_crc():
-                            raise errors.CorruptRecordError(
-                                "Record for partition %s at offset %s failed crc check" % (
-                                    self.topic_partition, record.offset))
-                        key_size = len(record.key) if record.key is not None else -1
-                        value_size = len(record.value) if record.value is not None else -1
-                        key = self._deserialize(key_deserializer, tp.topic, record.headers, record.key)
-                        value = self._deserialize(value_deserializer, tp.topic, record.headers,
-                                                  record.value)
-                        headers = record.headers
-                        header_size = sum(
-                            len(h_key.encode("utf-8")) + (len(h_val) if h_val is not None else 0)
-                            for h_key, h_val in headers) if headers else -1
-                        self.records_read += 1
-                        self.bytes_read += record.size_in_bytes
-                        self.next_fetch_offset = record.offset + 1
-                        yield consumer_record(
-                            tp.topic, tp.partition, self.leader_epoch, record.offset,
-                            record.timestamp, record.timestamp_type, key, value, record.headers,
-                            record.checksum, key_size, value_size, header_size)
-                    batch = records.next_batch()
-                else:
-                    if last_batch and last_batch.magic == 2:
-                        self.next_fetch_offset = last_batch.next_offset
-                    self.drain()
-            except StopIteration:   # as kafka-python: a StopIteration must not end the generator
-                raise RuntimeError('StopIteration raised unpacking messageset')
-
-    return FastPartitionRecords
+def _crc_header(batch):
+    return codec_errors.header_of(batch, "crc")

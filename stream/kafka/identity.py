@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 
 from sketchrec.stream.health import log_event
+from sketchrec.stream.kafka import internals
 
 POLICIES = ("restart", "refuse")
 # the end offset some brokers report (Tansu, read_committed) can lag the offset after the last
@@ -53,8 +54,7 @@ def check(consumer, service, topic: str, policy: str = "restart") -> bool:
     raise NewTopic (``refuse``). ``service.topic_id`` is then the topic's. Broker errors
     propagate (as at start)."""
     from kafka import TopicPartition
-    topic_id = consumer._client.cluster.topic_id(topic)
-    topic_id = str(topic_id) if topic_id is not None else None
+    topic_id = internals.topic_id(consumer, topic)
     known = {p: off for p, off in service.offsets.items()}
     if known:
         tps = [TopicPartition(topic, int(p)) for p in known]
