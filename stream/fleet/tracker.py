@@ -58,8 +58,8 @@ membership is about to change, and counted for announcements at the take), in on
 pass, or every cell in one branch-free pass once the rows learned since the last take address
 as many cells as the model has (float32; ML-100k at 2,000-rating takes moves ~70% of them);
 ``apply`` the delta's size. The held slots' rows (``models.fleet_slots``: depth x light_dim
-hashed reads each, one compiled pass) are refreshed where an apply moved their residuals at once,
-and all of them every ``models.replica.FULL_REFRESH_EVERY`` takes and applies, at ``settle`` (so
+hashed reads each, one compiled pass) move with the residuals an apply adds to them, at once,
+and are all refreshed every ``models.replica.FULL_REFRESH_EVERY`` takes and applies, at ``settle`` (so
 before a digest or snapshot) and at ``ready(full=True)``; in between a held id's row lags only
 what collisions moved in its cells (a fleet member calls ``ready`` when it polls and before it
 learns); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
@@ -70,14 +70,17 @@ were compressed too). With a model sized for 100,000 ids (27 MB) and 500-rating 
 members, in-process), a take costs ~3.5 ms and an apply ~4.5 ms against ~2 ms to learn the 500
 ratings (before: ~7 and ~5 ms against ~2.6; docs/scaling.md).
 
-Format (version 2): ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), the
-CRC-32 of the uncompressed body and the length of its packed head (u32 each, little-endian), the
-head (compressed when that is smaller), then the rest of the body as it is. The body is a
-``sketches.serial`` blob (JSON header: member, sequence, model parameters, new catalogue ids,
-caller's ``meta``; then raw little-endian arrays, the float arrays and 64-bit keys last): the head
-is all of it but those, which zstd shrank by ~10% (floats) or not at all (hashed keys) for as much
-CPU as the rest of a take. Version 1 (a model topic written before: no head length, the whole body
-packed) is still read.
+Format (version 3): ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), the
+length of its packed head (u32, little-endian), the head (compressed when that is smaller), then
+the rest of the body as it is. The body is a ``sketches.serial`` blob, a ``sketchrec.frame`` (JSON
+header: member, sequence, model parameters, new catalogue ids, caller's ``meta``; then raw
+little-endian arrays, the float arrays and 64-bit keys last), whose CRC-32 covers all of it: the
+envelope keeps no checksum of its own. The head is all of the body but those arrays, which zstd
+shrank by ~10% (floats) or not at all (hashed keys) for as much CPU as the rest of a take. Written
+from the frame's chunks, so the arrays are copied once (into the blob); a raw body is read in
+place. Version 2 (the same with a CRC-32 of the body before the head length, computed a second
+time on each side) and version 1 (a model topic written before: no head length, the whole body
+packed) are still read.
 """
 
 from __future__ import annotations
@@ -91,12 +94,13 @@ import zlib
 
 import numpy as np
 
+from sketchrec import frame
 from sketchrec.stream.fleet.delta_codec import distinct
 from sketchrec.stream.fleet.model_replicas import replica_for
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import pair_keys
 
-MAGIC, VERSION = b"SKRD", 2   # 2: float arrays not compressed, cell bitmaps
+MAGIC, VERSION = b"SKRD", 3   # 3: no CRC of its own (the frame's); 2: floats not compressed
 RERANK_S = 0.5   # the popular list is re-ranked at most this often by take/apply (see settle)
 RAW, ZSTD, ZLIB = 0, 1, 2
 _KIND = "ModelDelta"
@@ -250,16 +254,21 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     """(header, arrays) of a delta; ValueError (one line) for anything that is not one."""
     if not isinstance(blob, (bytes, bytearray, memoryview)) or bytes(blob[:4]) != MAGIC or len(blob) < 10:
         raise ValueError("not a sketchrec model delta (bad magic)")
-    version = blob[4]
-    if version == 1:   # all of the body packed (a model topic written before version 2)
-        codec, crc = struct.unpack("<BI", blob[5:10])
-        head, tail = bytes(blob[10:]), b""
-    elif version == VERSION and len(blob) >= 14:
-        codec, crc, packed = struct.unpack("<BII", blob[5:14])
-        head, tail = bytes(blob[14:14 + packed]), bytes(blob[14 + packed:])
+    view = memoryview(blob).cast("B")
+    version, crc = view[4], None
+    if version == VERSION:   # the body's frame checks itself
+        codec, packed = struct.unpack("<BI", view[5:10])
+        start = 10
+    elif version == 2 and len(view) >= 14:
+        codec, crc, packed = struct.unpack("<BII", view[5:14])
+        start = 14
+    elif version == 1:   # all of the body packed (a model topic written before version 2)
+        codec, crc = struct.unpack("<BI", view[5:10])
+        start, packed = 10, len(view) - 10
     else:
         raise ValueError(f"unsupported model delta version {version}")
     try:
+        head, tail = view[start:start + packed], view[start + packed:]
         if codec == ZSTD:
             if zstandard is None:
                 raise ValueError("zstd-compressed delta but zstandard is not installed")
@@ -268,8 +277,8 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
             head = zlib.decompress(head)
         elif codec != RAW:
             raise ValueError(f"unknown codec {codec}")
-        body = head + tail
-        if zlib.crc32(body) != crc:
+        body = view[start:] if codec == RAW else b"".join((head, tail))
+        if crc is not None and zlib.crc32(body) != crc:
             raise ValueError("checksum mismatch")
         header, arrays = serial.unpack(body, _KIND)
         header["member"], header["seq"], header["items"]  # noqa: B018 (required fields)
@@ -287,18 +296,19 @@ def _encode(header: dict, arrays: dict[str, np.ndarray], compress: str) -> bytes
     raw = [name for name, arr in arrays.items() if _incompressible(arr)]
     ordered = {name: arr for name, arr in arrays.items() if not _incompressible(arr)}
     ordered.update((name, arrays[name]) for name in raw)
-    body = serial.pack(_KIND, header, ordered)
-    split = len(body) - sum(arrays[name].nbytes for name in raw)
-    view = memoryview(body)   # slices without copies
-    codec, head = RAW, view[:split]
+    # serial.pack's frame as chunks (magic, length, header, then one per array): the raw arrays
+    # are the last len(raw) of them, copied once, into the blob
+    chunks = frame.encode_chunks(serial.MAGIC, {"kind": _KIND, "params": header}, ordered)
+    split = len(chunks) - len(raw)
+    plain = b"".join(chunks[:split])
+    codec, head = RAW, plain
     if compress == "zstd" and zstandard is not None:
-        codec, head = ZSTD, zstandard.ZstdCompressor(level=1).compress(head)
+        codec, head = ZSTD, zstandard.ZstdCompressor(level=1).compress(plain)
     elif compress != "none":
-        codec, head = ZLIB, zlib.compress(head, 6)
-    if len(head) >= split:
-        codec, head = RAW, view[:split]
-    return b"".join([MAGIC, struct.pack("<BBII", VERSION, codec, zlib.crc32(body), len(head)),
-                     head, view[split:]])
+        codec, head = ZLIB, zlib.compress(plain, 6)
+    if len(head) >= len(plain):
+        codec, head = RAW, plain
+    return b"".join([MAGIC, struct.pack("<BBI", VERSION, codec, len(head)), head, *chunks[split:]])
 
 
 def _incompressible(arr: np.ndarray) -> bool:
