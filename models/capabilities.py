@@ -257,7 +257,9 @@ FEEDBACK: dict[str, Cell] = {
                    "take ratings on a stream pass: `replay` without --holdout, or `consume --serve`"),
     "holdout": no("--holdout trains epochs on a fixed split; a posted rating would be learned "
                   "outside it", "take ratings on a stream: `replay` without --holdout, or `consume --serve`"),
-    "readers": no("reader processes answer queries; they do not learn",
+    # a --workers reader relays the request to the learner's own endpoint: one of the above runs
+    "forwarded": YES,
+    "readers": no("a reader process without its learner's address answers queries only",
                   "serve with --workers 1 to take ratings over HTTP, or produce them to the topic"),
 }
 

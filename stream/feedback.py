@@ -14,6 +14,10 @@ the service's one way in.
   pass is charged to the service's ledger (``LearningService.begin_private_pass``, as ``consume``
   charges its pass) before the first of them is learned; when that pass does not fit the budget
   they are refused and counted.
+- ``ForwardedFeedback`` (a ``--workers`` reader process, which only reads the model): the request
+  is relayed as it came, its credentials with it, to the learner's own loopback endpoint, whose
+  route above takes it (checks the tokens, counts what it sets aside, learns or produces) exactly as
+  one process would; the learner's answer is the reader's.
 - ``Refusal``: what cannot take ratings says why, in the capability table's line
   (``models.capabilities.FEEDBACK``): a read-only replica, an epoch-planned DP run.
 """
@@ -74,6 +78,52 @@ class Refusal:
 
     def take(self, rows: list[tuple]) -> dict:
         raise FeedbackRefused(409, FEEDBACK[self.route].line())
+
+
+class ForwardedFeedback:
+    """A reader process's way in: ``relay`` sends a posted request to the learner's loopback
+    endpoint ``url`` (see the module docstring) and returns its (status, JSON answer).
+
+    Parameters
+    ----------
+    url: the learner's loopback address (``http://127.0.0.1:PORT``).
+    rating_range: the learner's (what the reader reads the request by before relaying it).
+
+    Examples
+    --------
+    >>> ForwardedFeedback("http://127.0.0.1:1").relay(b"[]", None, None)[0]   # nothing listens there
+    503
+    """
+
+    route = "forwarded"
+
+    def __init__(self, url: str, rating_range: tuple[float, float] | None = None):
+        self.url, self.rating_range = url.rstrip("/"), rating_range
+
+    def relay(self, body: bytes, token: str | None, authorization: str | None) -> tuple[int, dict]:
+        import json
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+        query = f"?{urllib.parse.urlencode({'token': token})}" if token is not None else ""
+        headers = {"Content-Type": "application/json",
+                   **({"Authorization": authorization} if authorization is not None else {})}
+        request = urllib.request.Request(f"{self.url}/ratings{query}", data=body, method="POST",
+                                         headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=ACK_TIMEOUT_S + 5) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:   # the learner's refusal (401, 403, 409, 422, ...)
+            try:
+                return exc.code, json.loads(exc.read() or b"{}")
+            except ValueError:
+                return exc.code, {"detail": str(exc.reason)}
+        except (OSError, ValueError) as exc:   # the learner is gone or hung: nothing was taken
+            return 503, {"detail": f"the learner did not answer ({type(exc).__name__}); nothing "
+                                   "was taken, send the ratings again"}
+
+    def take(self, rows: list[tuple]) -> dict:   # pragma: no cover - the route relays instead
+        raise FeedbackRefused(500, "a reader relays the request (ForwardedFeedback.relay)")
 
 
 class DirectFeedback:

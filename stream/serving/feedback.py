@@ -80,6 +80,10 @@ def add_feedback_routes(app: FastAPI, tokens: UserTokens | None, is_admin: Calla
         body = await request.body()
         if len(body) > MAX_BODY:
             raise HTTPException(413, f"at most {MAX_BODY} bytes per request; send the ratings in batches")
+        relay = getattr(sink, "relay", None)
+        if relay is not None:   # a reader process: the learner's route takes the request as it came
+            status, answer = await run_in_threadpool(relay, body, token, authorization)
+            return JSONResponse(answer, status_code=status)
         parsed = read_posted(body, sink.rating_range)
         if len(parsed.ratings) + len(parsed.rejected) > MAX_POSTED:
             raise HTTPException(413, f"at most {MAX_POSTED} ratings per request; send them in batches")

@@ -163,7 +163,9 @@ class WorkerPool:
         svc = self.service
         block = SharedBlock.create(svc.recommender, extra={
             "read_only": svc.read_only, "origin": svc.origin,
-            "checkpoints": svc.checkpoints is not None})
+            "checkpoints": svc.checkpoints is not None,
+            # how the learner reads posted ratings, which the readers relay to it
+            "rating_range": getattr(svc.feedback, "rating_range", None)})
         self.publisher.publish(block, popular=True)
         return block
 

@@ -3,8 +3,9 @@
 ``ReplicaService`` stands where a ``LearningService`` stands for ``http.create_app``: its
 recommender reads the model and the filters straight from a ``SharedBlock``, a follower thread
 takes the learner's published document every ``POLL_S`` (new catalogue ids, the popular list,
-/stats and /privacy figures, health), and the admin verbs (pause, resume, checkpoint) are
-forwarded to the learner's loopback endpoint. When the learner moves to a new block (a read
+/stats and /privacy figures, health), and the admin verbs (pause, resume, checkpoint) and posted
+ratings (``POST /ratings``, relayed with their credentials: ``stream.feedback.ForwardedFeedback``)
+are forwarded to the learner's loopback endpoint. When the learner moves to a new block (a read
 replica that loaded a newer checkpoint) the follower attaches to it and swaps the recommender in
 one reference assignment, as ``LearningService.reload_if_newer`` does.
 
@@ -31,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from sketchrec.stream.feedback import Refusal
+from sketchrec.stream.feedback import ForwardedFeedback, Refusal
 from sketchrec.stream.health import Health
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
@@ -169,7 +170,9 @@ class ReplicaService:
         self.read_only = bool(block.header.get("read_only"))
         self.checkpoints = True if block.header.get("checkpoints") else None   # the learner has a store
         self.origin = block.header.get("origin", {})
-        self.feedback = Refusal("readers")   # posted ratings go to the learner's own address
+        # posted ratings are relayed to the learner's own endpoint, which takes them as one process does
+        self.feedback = (ForwardedFeedback(admin_url, block.header.get("rating_range"))
+                         if admin_url else Refusal("readers"))
         self.health = ReplicaHealth(lambda: self.block.heartbeat_age())
         self.recommender = ReplicaRecommender.over(block)
         self._seq = 0
