@@ -10,6 +10,11 @@ A connection whose request head (request line and headers) has not arrived ``HEA
 after it opened, or after its request began, is closed: half-sent requests cannot hold
 connections (uvicorn's keep-alive timeout only covers idle time between requests).
 
+uvicorn's protocols are subclassed here and nowhere else (the JSON 400, the head timeout, the
+corked writes), only on the uvicorn versions they were read against (``UVICORN``, a
+``sketchrec.versions.Checked``): on another, the server runs uvicorn's own protocol and says so in
+one log line (text/plain 400s, no head timeout).
+
 The listening socket is bound before the server starts (``listen``), so a busy port is one
 ``PortInUse`` error the commands turn into one line, not a traceback from the server's thread.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import importlib.metadata
 import importlib.util
 import json
 import socket
@@ -26,11 +32,14 @@ import threading
 import time
 
 from sketchrec.stream.serving.headers import SECURITY_HEADERS
+from sketchrec.versions import Checked
 
 # how long a thread holding the GIL may run before another (the event loop) gets it: 5 ms by
 # default, which a learning thread's Python glue turns into 5 ms waits at the tail of every answer
 SWITCH_INTERVAL_S = 0.0005
 HEADER_TIMEOUT_S = 5.0   # a request's head must arrive within this long
+# the pin's floor, and the newest uvicorn whose protocols the subclasses below were read in
+UVICORN = Checked("uvicorn", (0, 29), (0, 54), lambda: importlib.metadata.version("uvicorn"))
 
 
 class PortInUse(OSError):
@@ -50,9 +59,13 @@ def _json_400(msg: str) -> bytes:
     return json.dumps({"detail": msg}).encode()
 
 
-def _json_400_protocol():
+def _json_400_protocol() -> type | str:
     """uvicorn's protocol (httptools when installed, else h11) answering a request it cannot
-    parse with a JSON 400 (uvicorn's own answer is text/plain, unlike every other error of the API)."""
+    parse with a JSON 400 (uvicorn's own answer is text/plain, unlike every other error of the API);
+    on an unchecked uvicorn, ``"auto"``: its own protocol, said in one log line."""
+    if not UVICORN.usable("JSON 400s, the request head timeout and corked writes",
+                          "uvicorn's own protocol (text/plain 400s, no head timeout)"):
+        return "auto"
     try:
         from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
     except ImportError:

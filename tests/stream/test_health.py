@@ -2,6 +2,7 @@
 the small protocol fixes (JSON 400s, short 422s, no path in /stats, blank ids)."""
 
 import argparse
+import logging
 import socket
 import time
 
@@ -13,6 +14,7 @@ from sketchrec.models import SketchMF
 from sketchrec.privacy.admin_token import add_admin_token_args
 from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.recommender import Recommender
+from sketchrec.stream.serving import server as server_module
 from sketchrec.stream.serving.server import ServerThread
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.checkpoint import CheckpointStore
@@ -123,17 +125,36 @@ def test_a_422_does_not_echo_a_long_input_and_blank_ids_are_refused(serve):
         assert client.get("/predict", params=params).status_code == 422
 
 
-def test_protocol_level_400s_are_json(serve):
-    """Before: uvicorn's text/plain 'Invalid HTTP request received.'"""
-    _, _, server = serve()
+def _garbage(server) -> tuple[bytes, bytes]:
+    """The head and body of the answer to a request that cannot be parsed."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(b"GARBAGE\r\n\r\n")
         reply = b""
         while chunk := sock.recv(4096):
             reply += chunk
     head, _, body = reply.partition(b"\r\n\r\n")
+    return head, body
+
+
+def test_protocol_level_400s_are_json(serve):
+    """Before: uvicorn's text/plain 'Invalid HTTP request received.'"""
+    head, body = _garbage(serve()[2])
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower()
     assert b'"detail"' in body
+
+
+def test_an_unchecked_uvicorn_runs_its_own_protocol_and_says_so(serve, monkeypatch, caplog):
+    """Our protocol subclasses reach uvicorn's internals: on a version they were not read in, the
+    server takes uvicorn's own protocol (its text/plain 400) and logs one line, rather than run
+    subclasses of internals that may have changed."""
+    monkeypatch.setattr(server_module.UVICORN, "installed", lambda: "0.99.0")
+    monkeypatch.setattr(server_module.UVICORN, "said", set())
+    with caplog.at_level(logging.WARNING, logger="sketchrec"):
+        head, _ = _garbage(serve()[2])
+        serve()
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" not in head.lower()
+    lines = [r.getMessage() for r in caplog.records if "event=internals" in r.getMessage()]
+    assert len(lines) == 1 and "library=uvicorn version=0.99.0 checked=0.29-0.54.x" in lines[0]
 
 
 def test_a_failed_checkpoint_over_http_is_a_clear_error(serve):

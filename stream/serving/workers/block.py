@@ -49,6 +49,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import time
 from multiprocessing import resource_tracker, shared_memory
 
@@ -68,6 +69,20 @@ _CTL_WORDS = 64
 _ALIGN = 64
 _names = itertools.count()
 _created: set[str] = set()   # segments this process made (its resource tracker unlinks them on a crash)
+
+
+def _attach_segment(name: str) -> shared_memory.SharedMemory:
+    """A handle on the segment ``name`` that this process's resource tracker leaves alone (it
+    would unlink the segment when a reader exits, and the learner owns it). Python 3.13 says so
+    publicly (``track=False``); 3.11 and 3.12 (``requires-python``) register every attached
+    segment, so the registration is undone by the private name the constructor registered: the
+    one reach into ``multiprocessing``'s internals, on the versions that need it."""
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name, track=False)
+    shm = shared_memory.SharedMemory(name)
+    if shm.name not in _created:
+        resource_tracker.unregister(shm._name, "shared_memory")
+    return shm
 
 
 def shareable(recommender) -> bool:
@@ -122,7 +137,7 @@ class SharedBlock:
         shm.buf[8:8 + len(raw)] = raw
         block = cls(shm, header, owner=True)
         block.beat()
-        _created.add(shm._name)
+        _created.add(shm.name)
         views = {name: block.view(name) for name in arrays}
         for name, a in arrays.items():
             views[name][...] = a
@@ -135,11 +150,7 @@ class SharedBlock:
     @classmethod
     def attach(cls, name: str) -> "SharedBlock":
         """A reader's view of the segment ``name`` (it never unlinks it)."""
-        shm = shared_memory.SharedMemory(name)
-        # Python < 3.13 registers every attached segment with this process's resource tracker,
-        # which would unlink it when the reader exits: the learner owns it
-        if shm._name not in _created:
-            resource_tracker.unregister(shm._name, "shared_memory")
+        shm = _attach_segment(name)
         hlen = int.from_bytes(shm.buf[:8], "little")
         return cls(shm, json.loads(bytes(shm.buf[8:8 + hlen])), owner=False)
 
