@@ -31,6 +31,7 @@ class Titles:
     Parameters
     ----------
     titles: item id (text) -> title.
+    path: the file they were read from, if any (``load`` sets it).
 
     Examples
     --------
@@ -38,8 +39,9 @@ class Titles:
     'Toy Story (1995)'
     """
 
-    def __init__(self, titles: dict[str, str]):
+    def __init__(self, titles: dict[str, str], path: Path | None = None):
         self._titles = titles
+        self.path = path   # the file they were read from (reader processes read it too)
 
     def __len__(self) -> int:
         return len(self._titles)
@@ -63,7 +65,7 @@ class Titles:
         if not titles:
             raise BadItemsFile(f"{path} is neither a MovieLens u.item (id|title|...) nor a movies.csv "
                                "(movieId,title,genres) file with titles")
-        return cls(titles)
+        return cls(titles, path.resolve())
 
 
 def _u_item(path: Path) -> dict[str, str]:

@@ -1,8 +1,10 @@
-"""POST /ratings to a service served by `--workers` reader processes: a reader relays the request,
-its credentials with it, to the learner's own loopback endpoint, which takes it as one process
-does — learned at once (direct), produced to the consumed topic (Kafka), through a DP model's
-path with per-user tokens — and the reader answers what the learner answered. Real reader
-processes (``WorkerPool``), a real HTTP client."""
+"""A service served by `--workers` reader processes answers as one process does.
+
+POST /ratings: a reader relays the request, its credentials with it, to the learner's own loopback
+endpoint, which takes it as one process does — learned at once (direct), produced to the consumed
+topic (Kafka), through a DP model's path with per-user tokens — and the reader answers what the
+learner answered. --items: the readers read the learner's item file, so their answers carry titles.
+Real reader processes (``WorkerPool``), a real HTTP client."""
 
 from __future__ import annotations
 
@@ -112,3 +114,24 @@ def test_a_rating_posted_to_a_reader_of_a_consumer_is_produced_to_its_topic(kafk
     consumer.close()
     assert sorted(rows) == [("ann", 3, 4.0), ("bob", 5, 2.0)]
     assert np.isfinite(rec.predict("ann", 3))
+
+
+def test_readers_answer_with_the_titles_of_items(tmp_path):
+    """--items behind --workers: the readers read the learner's item file, so /recommend and
+    /similar answered by a reader carry each item's title as one process's answers do."""
+    from sketchrec.stream.titles import Titles
+    path = tmp_path / "u.item"
+    path.write_bytes("".join(f"{i}|Film {i} (1995)|01-Jan-1995||http://x|0|1\n"
+                             for i in range(0, 100, 2)).encode("latin-1"))
+    rec = Recommender(SketchMF(dim=8, capacity=400, seed=0), pair_capacity=20_000, seed=0)
+    service = LearningService(rec)
+    rec.learn_many(DATA.users, DATA.items, DATA.ratings)
+    service.titles = Titles.load(path)
+    with readers(service) as (client, pool):
+        assert client.get("/stats").json()["worker_pid"] in pool.pids()
+        ranked = client.get("/recommend", params={"user": 3, "k": 10}).json()["items"]
+        similar = client.get("/similar", params={"item": 4, "k": 10}).json()
+    for items in (ranked, similar["items"]):
+        assert [x.get("title") for x in items] == [service.titles.get(x["item"]) for x in items]
+        assert any("title" in x for x in items)
+    assert similar["title"] == "Film 4 (1995)"

@@ -97,6 +97,11 @@ class Publisher:
         block.publish(self.document(block, popular))
 
 
+def _items_file(service) -> str | None:
+    path = getattr(getattr(service, "titles", None), "path", None)
+    return str(path) if path is not None else None
+
+
 class WorkerPool:
     """``workers`` reader processes serving ``service`` on ``listen`` (see module docstring);
     the same interface as ``server.ServerThread`` (``url``, ``port``, ``thread``, ``stop``)."""
@@ -165,7 +170,9 @@ class WorkerPool:
             "read_only": svc.read_only, "origin": svc.origin,
             "checkpoints": svc.checkpoints is not None,
             # how the learner reads posted ratings, which the readers relay to it
-            "rating_range": getattr(svc.feedback, "rating_range", None)})
+            "rating_range": getattr(svc.feedback, "rating_range", None),
+            # --items: the readers read the same file, so their answers carry the titles too
+            "items_file": _items_file(svc)})
         self.publisher.publish(block, popular=True)
         return block
 

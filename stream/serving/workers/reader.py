@@ -36,6 +36,7 @@ from sketchrec.stream.feedback import ForwardedFeedback, Refusal
 from sketchrec.stream.health import Health
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
+from sketchrec.stream.titles import Titles
 from sketchrec.stream.serving.workers.block import SharedBlock
 from sketchrec.stream.serving.workers.supervision import PARENT_ENV, guard, orphaned, watchdog_s
 
@@ -173,6 +174,8 @@ class ReplicaService:
         # posted ratings are relayed to the learner's own endpoint, which takes them as one process does
         self.feedback = (ForwardedFeedback(admin_url, block.header.get("rating_range"))
                          if admin_url else Refusal("readers"))
+        items = block.header.get("items_file")   # --items: the learner's titles, from its file
+        self.titles = Titles.load(items) if items else None
         self.health = ReplicaHealth(lambda: self.block.heartbeat_age())
         self.recommender = ReplicaRecommender.over(block)
         self._seq = 0
