@@ -98,11 +98,25 @@ def newest(bootstrap: str, topic: str, timeout: float = 30.0) -> Snapshot | None
             for offset, manifest in reversed(manifests):
                 snap = _load(consumer, tp, offset, manifest, timeout)
                 if snap is not None:
-                    return snap
+                    return _first_empty(consumer, tp, start, snap, timeout)
             end = lo
         return None
     finally:
         consumer.close(autocommit=False)
+
+
+def _first_empty(consumer, tp, start: int, snap: Snapshot, timeout: float) -> Snapshot:
+    """``snap``, or when it is a fleet's first (model position 0: the empty model) the first such
+    snapshot in the topic. Members starting at once each write one; the empty models are equal,
+    but a private model's id key is drawn by its writer, and every replica must key ids alike."""
+    if (snap.meta.get("fleet") or {}).get("position") != 0:
+        return snap
+    for offset, manifest, _ in _read(consumer, tp, start, snap.offset, timeout):
+        if manifest.get("manifest") and (manifest["meta"].get("fleet") or {}).get("position") == 0:
+            first = _load(consumer, tp, offset, manifest, timeout)
+            if first is not None:
+                return first
+    return snap
 
 
 def _read(consumer, tp, lo: int, hi: int, timeout: float, values: bool = False) -> list:
