@@ -2,8 +2,9 @@
 with SIGKILL, one added and one stalled past its session timeout mid-stream, and a read-only
 serving replica.
 
-The stream is SKETCHREC_FLEET_RATINGS ratings (default 300,000; ~60 s here) on a 6-partition topic, produced
-at a steady rate while the fleet learns, so that the kill and the join land mid-stream."""
+The stream is SKETCHREC_FLEET_RATINGS ratings (default 100,000) on a 6-partition topic, produced over
+SEND_S seconds while the fleet learns, so that the kill, the join and the stall land mid-stream (the
+time line, not the count, is what the test needs: more ratings only cost CPU)."""
 
 import os
 import signal
@@ -22,7 +23,8 @@ from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
 from conftest import free_port, stop_processes
 
-N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 300_000))  # fewer on a slow machine
+N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 100_000))
+SEND_S = 15.0   # the stream's span: the stalled member's 9 s and its eviction fit inside it
 MODEL = ["--model", "sketch", "--dim", "8", "--capacity", "6000", "--seed", "3"]
 
 
@@ -88,6 +90,21 @@ class Fleet:
         self.procs[port] = subprocess.Popen(cmd_of(self.bootstrap, self.topic, port),
                                             stdout=log, stderr=subprocess.STDOUT)
         return port
+
+    def launch(self, member_cmd, members: int, replica_cmd=serve_cmd, replicas: int = 1,
+               count=learned, members_serve: bool = True,
+               timeout: float = 300.0) -> tuple[list[int], list[int]]:
+        """``members`` members and ``replicas`` read replicas started; returns (member ports,
+        replica ports) once every member has learned a rating (``count`` of a port: its ratings
+        learned), or every replica when the members serve nothing (a DP fleet). ``timeout`` bounds
+        the wait only: a fleet's interpreters starting at once on a loaded machine once took
+        over 120 s."""
+        started = [self.start(member_cmd) for _ in range(members)]
+        serving = [self.start(replica_cmd) for _ in range(replicas)]
+        watched = started if members_serve else serving
+        self.wait(lambda: all(count(p) > 0 for p in watched), "the first ratings learned", timeout)
+        self.mark("first learned")
+        return started, serving
 
     def alive(self) -> list[int]:
         return [p for p, proc in self.procs.items() if proc.poll() is None]
@@ -177,12 +194,9 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
     fleet.open(data, partitions=6)
     mark = fleet.mark
     try:
-        members = [fleet.start(member_cmd) for _ in range(3)]
-        replica = fleet.start(serve_cmd)
-        fleet.wait(lambda: all(learned(p) > 0 for p in members), "the first members to learn")
-        mark("first learned")
+        members, [replica] = fleet.launch(member_cmd, members=3)
         rest = data.take(slice(1000, N))
-        sender = threading.Thread(target=send, args=(kafka_bootstrap, topic, rest, N / 20_000))
+        sender = threading.Thread(target=send, args=(kafka_bootstrap, topic, rest, SEND_S))
         sender.start()
         kill_at, join_at = sorted(rng.uniform(0.15 * N, 0.6 * N, 2).astype(int))
         fleet.wait(lambda: learned(replica) >= kill_at, f"{kill_at:,} ratings")

@@ -13,7 +13,7 @@ import pytest
 
 from sketchrec.data import SyntheticStream
 from sketchrec.models.capabilities import DEFAULT_KIND
-from test_fleet import Fleet, end_offsets, learned, send, serve_cmd, single_learner_rmse, stats
+from test_fleet import Fleet, end_offsets, learned, send, single_learner_rmse, stats
 
 N = 60_000
 OPTIONS = ["--capacity", "6000", "--seed", "3"]   # no --model: the default learner
@@ -63,10 +63,7 @@ def test_default_learner_fleet_kill_9_learns_every_rating_once(kafka_bootstrap, 
     fleet.open(data, partitions=4)
     mark = fleet.mark
     try:
-        members = [fleet.start(member_cmd) for _ in range(2)]
-        replica = fleet.start(serve_cmd)
-        fleet.wait(lambda: all(learned(p) > 0 for p in members), "the first members to learn")
-        mark("first learned")
+        members, [replica] = fleet.launch(member_cmd, members=2)
         sender = threading.Thread(target=send, args=(kafka_bootstrap, topic, data.take(slice(1000, N)), 8.0))
         sender.start()
         fleet.wait(lambda: learned(replica) >= N // 3, f"{N // 3:,} ratings")
