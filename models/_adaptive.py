@@ -134,23 +134,3 @@ def adopt(acc, mode, slot, addr, baddr):
     for l in range(addr.shape[1]):
         row[l] = cm_read(acc.cells, addr, l)
     row[row.shape[0] - 1] = cm_read(acc.bias_cells, baddr, 0)
-
-
-@njit(inline="always", cache=True)
-def adagrad_id_steps(acc, uslot, islot, abu, abi, dp, dq, db, lr, acc0):
-    """One rating's plain SGD deltas made AdaGrad's with one sum per id and group, in place: the
-    vectors' dp, dq and the user and item biases' db[0], db[1]."""
-    adagrad_id_scale(acc.cells, acc.heavy, uslot, 0, abu, dp, lr, acc0)
-    adagrad_id_scale(acc.cells, acc.heavy, islot, 0, abi, dq, lr, acc0)
-    adagrad_id_scale(acc.bias_cells, acc.heavy, uslot, 1, abu, db[:1], lr, acc0)
-    adagrad_id_scale(acc.bias_cells, acc.heavy, islot, 1, abi, db[1:], lr, acc0)
-
-
-@njit(inline="always", cache=True)
-def adagrad_steps(acc, uslot, islot, au, ai, abu, abi, dp, dq, db, lr, acc0):
-    """adagrad_id_steps with one sum per coordinate."""
-    d = dp.shape[0]
-    adagrad_scale(acc.cells, acc.heavy, uslot, 0, au, dp, lr, acc0)
-    adagrad_scale(acc.cells, acc.heavy, islot, 0, ai, dq, lr, acc0)
-    adagrad_scale(acc.bias_cells, acc.heavy, uslot, d, abu, db[:1], lr, acc0)
-    adagrad_scale(acc.bias_cells, acc.heavy, islot, d, abi, db[1:], lr, acc0)

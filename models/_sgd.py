@@ -25,7 +25,7 @@ from numba import njit
 
 from sketchrec.sketches.count_sketch import gather_mean, locate
 from sketchrec.sketches.hashing import mix64, unit_interval
-from sketchrec.models._adaptive import (ADAGRAD, ADAGRAD_ID, adagrad_id_steps, adagrad_steps, adopt,
+from sketchrec.models._adaptive import (ADAGRAD, ADAGRAD_ID, adagrad_id_scale, adagrad_scale, adopt,
                                         sum_squares)
 from sketchrec.models.heavy_filter import find, touch
 from sketchrec.models.implicit import implicit_step, implicit_sum, remember, row_of
@@ -226,28 +226,26 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
 @njit(nogil=True, cache=True)
 def _learn(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, stats, counters,
            out_pred):
+    # the user's and the item's reads, sightings, steps and writes are each written once, in loops
+    # over the sides (the user's first: the order the results depend on): numba types and lowers
+    # that code once instead of once per side or per write, which was most of a first run's compile
     (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
      fkeys, ffamilies, fcounts, fvectors) = unpack(store)
     k, sketched = salts_u.shape
     d = init_u.shape[0]
-    au = np.empty((k, sketched), dtype=np.int64)
-    su = np.empty((k, sketched), dtype=np.float64)
-    ai = np.empty((k, sketched), dtype=np.int64)
-    si = np.empty((k, sketched), dtype=np.float64)
-    abu = np.empty((k, 1), dtype=np.int64)
-    sbu = np.empty((k, 1), dtype=np.float64)
-    abi = np.empty((k, 1), dtype=np.int64)
-    sbi = np.empty((k, 1), dtype=np.float64)
-    p = np.empty(d)
-    q = np.empty(d)
-    p0 = np.empty(d)
-    q0 = np.empty(d)
-    z = np.empty(d)
-    pz = np.empty(d)
-    dp = np.empty(d)
-    dq = np.empty(d)
-    b = np.empty(1)
-    db = np.empty(2)
+    au, ai = np.empty((k, sketched), dtype=np.int64), np.empty((k, sketched), dtype=np.int64)
+    su, si = np.empty((k, sketched)), np.empty((k, sketched))
+    abu, abi = np.empty((k, 1), dtype=np.int64), np.empty((k, 1), dtype=np.int64)
+    sbu, sbi = np.empty((k, 1)), np.empty((k, 1))
+    p, q, p0, q0, z, pz = np.empty(d), np.empty(d), np.empty(d), np.empty(d), np.empty(d), np.empty(d)
+    dp, dq, dbu, dbi, b = np.empty(d), np.empty(d), np.empty(1), np.empty(1), np.empty(1)
+    sides = ((salts_u, bsalts_u, init_u, au, su, abu, sbu, p, p0),
+             (salts_i, bsalts_i, init_i, ai, si, abi, sbi, q, q0))
+    # the four writes in their order: user vector, item vector, user bias, item bias
+    zero = np.int64(0)
+    writes = ((cells, zero, au, su, abu, dp), (cells, zero, ai, si, abi, dq),
+              (bias_cells, d, abu, sbu, abu, dbu), (bias_cells, d, abi, sbi, abi, dbi))
+    slots, was, bias = np.empty(2, dtype=np.int64), np.empty(2, dtype=np.int64), np.empty(2)
     tau = hp[SGLD_TAU]
     noise_std = np.sqrt(k * hp[LR] * tau) if tau > 0.0 else 0.0
     slot_noise_std = np.sqrt(hp[LR] * tau) if tau > 0.0 else 0.0
@@ -255,12 +253,12 @@ def _learn(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
     clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
     for n in range(ukeys.shape[0]):
         clock += _ONE
-        uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], USER,
-                        hp[INIT_STD], au, su, p, p0)
-        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], ITEM,
-                        hp[INIT_STD], ai, si, q, q0)
-        bu = read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], abu, sbu, b)
-        bi = read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], abi, sbi, b)
+        keys = (ukeys[n], ikeys[n])
+        for s in range(2):
+            salts, bsalts, init, addr, sign, baddr, bsign, vec, start = sides[s]
+            slots[s] = read_id(cells, salts, init, fkeys, ffamilies, fcounts, fvectors, keys[s], s,
+                               hp[INIT_STD], addr, sign, vec, start)
+            bias[s] = read_bias_of(bias_cells, bsalts, fvectors, slots[s], keys[s], baddr, bsign, b)
         row, held = -1, 0
         if imp is not None:
             row = row_of(imp, ukeys[n], False)
@@ -268,30 +266,27 @@ def _learn(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
         if held:  # the user's whole vector, summed as the predicting kernels sum it
             for l in range(d):
                 pz[l] = p[l] + z[l]
-        pred = mean_of(stats) + bu + bi + dot(pz if held else p, q)
+        pred = mean_of(stats) + bias[USER] + bias[ITEM] + dot(pz if held else p, q)
         out_pred[n] = clip_to_range(pred, stats)
         # count the sightings after the prediction, which is then exactly what predict_many
         # returns beforehand; an id admitted now takes its step in its new slot
-        was_u, was_i = uslot, islot
-        uslot = touch(fkeys, ffamilies, fcounts, fvectors, store, ukeys[n], USER, uslot, clock,
-                      au, su, abu, sbu, exchange)
-        if islot >= 0 and islot == uslot:  # the user took the item's slot: the item is in the sketch
-            islot = locate_in_sketch(cells, bias_cells, salts_i, bsalts_i, ikeys[n], ai, si, abi, sbi)
-        if uslot >= 0 and uslot != was_u:
-            if per_coordinate is not None:
-                adopt(per_coordinate, ADAGRAD, uslot, au, abu)
-            if per_id is not None:
-                adopt(per_id, ADAGRAD_ID, uslot, au, abu)
-        islot = touch(fkeys, ffamilies, fcounts, fvectors, store, ikeys[n], ITEM, islot, clock,
-                      ai, si, abi, sbi, exchange)
-        if uslot >= 0 and uslot == islot:  # and the other way round
-            uslot = locate_in_sketch(cells, bias_cells, salts_u, bsalts_u, ukeys[n], au, su, abu, sbu)
-        if islot >= 0 and islot != was_i:
-            if per_coordinate is not None:
-                adopt(per_coordinate, ADAGRAD, islot, ai, abi)
-            if per_id is not None:
-                adopt(per_id, ADAGRAD_ID, islot, ai, abi)
-        take, dbu, dbi = step_or_skip(pred - ratings[n], p, q, bu, bi, hp, counters, dp, dq)
+        was[0], was[1] = slots[0], slots[1]
+        for s in range(2):
+            salts, bsalts, init, addr, sign, baddr, bsign, vec, start = sides[s]
+            slots[s] = touch(fkeys, ffamilies, fcounts, fvectors, store, keys[s], s, slots[s], clock,
+                             addr, sign, baddr, bsign, exchange)
+            o = 1 - s   # the other side: when this id took its slot, it is in the sketch now
+            if slots[o] >= 0 and slots[o] == slots[s]:
+                osalts, obsalts, _, oaddr, osign, obaddr, obsign, _, _ = sides[o]
+                slots[o] = locate_in_sketch(cells, bias_cells, osalts, obsalts, keys[o], oaddr, osign,
+                                            obaddr, obsign)
+            if slots[s] >= 0 and slots[s] != was[s]:
+                if per_coordinate is not None:
+                    adopt(per_coordinate, ADAGRAD, slots[s], addr, baddr)
+                if per_id is not None:
+                    adopt(per_id, ADAGRAD_ID, slots[s], addr, baddr)
+        take, step_u, step_i = step_or_skip(pred - ratings[n], p, q, bias[USER], bias[ITEM], hp,
+                                            counters, dp, dq)
         if not take:
             continue
         if held:  # the item's step follows the user's whole vector p + z; z's own, the y's
@@ -301,27 +296,22 @@ def _learn(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
                 implicit_step(imp, row, held, pred - ratings[n], q, hp[IMPLICIT_LR], hp[IMPLICIT_REG])
         if imp is not None:
             remember(imp, row, ukeys[n], ikeys[n])
-        if per_coordinate is not None:
-            db[0], db[1] = dbu, dbi
-            adagrad_steps(per_coordinate, uslot, islot, au, ai, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
-            dbu, dbi = db[0], db[1]
-        if per_id is not None:
-            db[0], db[1] = dbu, dbi
-            adagrad_id_steps(per_id, uslot, islot, abu, abi, dp, dq, db, hp[LR], hp[ACC0])
-            dbu, dbi = db[0], db[1]
-        db[0], db[1] = dbu, dbi
-        if sgld is None:   # pruned before compiling when the argument is None (see sketch_learn)
-            write_plain(cells, fvectors, uslot, 0, au, su, dp)
-            write_plain(cells, fvectors, islot, 0, ai, si, dq)
-            write_plain(bias_cells, fvectors, uslot, d, abu, sbu, db[:1])
-            write_plain(bias_cells, fvectors, islot, d, abi, sbi, db[1:])
-        else:
-            write_slot_or_cells(cells, fvectors, uslot, 0, au, su, dp, noise_std, slot_noise_std)
-            write_slot_or_cells(cells, fvectors, islot, 0, ai, si, dq, noise_std, slot_noise_std)
-            write_slot_or_cells(bias_cells, fvectors, uslot, d, abu, sbu, db[:1], noise_std,
-                                slot_noise_std)
-            write_slot_or_cells(bias_cells, fvectors, islot, d, abi, sbi, db[1:], noise_std,
-                                slot_noise_std)
+        dbu[0], dbi[0] = step_u, step_i
+        for w in range(4):
+            # AdaGrad scales a step from its own sums only, so each write may follow its scaling
+            target, offset, addr, sign, baddr, delta = writes[w]
+            slot = slots[w % 2]
+            if per_coordinate is not None:
+                adagrad_scale(per_coordinate.cells if w < 2 else per_coordinate.bias_cells,
+                              per_coordinate.heavy, slot, offset, addr, delta, hp[LR], hp[ACC0])
+            if per_id is not None:
+                adagrad_id_scale(per_id.cells if w < 2 else per_id.bias_cells, per_id.heavy, slot,
+                                 w // 2, baddr, delta, hp[LR], hp[ACC0])
+            if sgld is None:   # pruned before compiling when the argument is None (see sketch_learn)
+                write_plain(target, fvectors, slot, offset, addr, sign, delta)
+            else:
+                write_slot_or_cells(target, fvectors, slot, offset, addr, sign, delta, noise_std,
+                                    slot_noise_std)
         record_rating(stats, ratings[n])
         counters[LEARNED] += 1
 
@@ -345,21 +335,32 @@ def read_scratch(salts, init_salts):
             np.empty((k, 1)), np.empty(d), np.empty(d), np.empty(d), np.empty(1))
 
 
-@njit(nogil=True, cache=True)
 def sketch_predict(store, ukeys, ikeys, hp, stats, clip, out):
+    """Predictions of many (user, item) pairs, clipped to the rating range when ``clip``: the
+    kernel takes the implicit term's history as None when the term is off (pruned before compiling,
+    as in ``sketch_learn``)."""
+    imp = store.implicit if store.implicit.owners.shape[0] > 0 else None
+    _predict(store, imp, ukeys, ikeys, hp, stats, clip, out)
+
+
+@njit(nogil=True, cache=True)
+def _predict(store, imp, ukeys, ikeys, hp, stats, clip, out):
     (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
      fkeys, ffamilies, fcounts, fvectors) = unpack(store)
     addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u, init_u)
+    sides = ((salts_u, bsalts_u, init_u, p), (salts_i, bsalts_i, init_i, q))
+    bias = np.empty(2)
     mu = mean_of(stats)
     for n in range(ukeys.shape[0]):
-        uslot = read_id(cells, salts_u, init_u, fkeys, ffamilies, fcounts, fvectors, ukeys[n], USER,
-                        hp[INIT_STD], addr, sign, p, start)
-        add_implicit(store.implicit, ukeys[n], p, start)
-        islot = read_id(cells, salts_i, init_i, fkeys, ffamilies, fcounts, fvectors, ikeys[n], ITEM,
-                        hp[INIT_STD], addr, sign, q, start)
-        pred = (mu + dot(p, q)
-                + read_bias_of(bias_cells, bsalts_u, fvectors, uslot, ukeys[n], baddr, bsign, b)
-                + read_bias_of(bias_cells, bsalts_i, fvectors, islot, ikeys[n], baddr, bsign, b))
+        keys = (ukeys[n], ikeys[n])
+        for s in range(2):   # the user's reads, then the item's: one copy of the code (as _learn)
+            salts, bsalts, init, vec = sides[s]
+            slot = read_id(cells, salts, init, fkeys, ffamilies, fcounts, fvectors, keys[s], s,
+                           hp[INIT_STD], addr, sign, vec, start)
+            bias[s] = read_bias_of(bias_cells, bsalts, fvectors, slot, keys[s], baddr, bsign, b)
+        if imp is not None:
+            add_implicit(imp, ukeys[n], p, start)
+        pred = mu + dot(p, q) + bias[USER] + bias[ITEM]
         out[n] = clip_to_range(pred, stats) if clip else pred
 
 

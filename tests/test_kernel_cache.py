@@ -31,9 +31,9 @@ def test_kernels_are_cached_under_the_stamp_of_the_sources(tmp_path):
     # a fresh process, as a user's: the learner's kernel caches in NUMBA_CACHE_DIR/<stamp>, not in
     # the __pycache__ beside _sgd.py (where numba would check _sgd.py's own stamp only)
     probe = ("import sketchrec, numba\n"
-             "from sketchrec.models._sgd import sketch_predict\n"
+             "from sketchrec.models._sgd import _predict\n"
              "from sketchrec._kernel_cache import _roots, sources_stamp\n"
-             "print(sketch_predict._cache._cache_path)\n"
+             "print(_predict._cache._cache_path)\n"
              "from sketchrec._kernel_cache import NUMBA_ONLY\n"
              "print(sources_stamp(_roots(), tuple(_roots(NUMBA_ONLY))))\n")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
