@@ -62,6 +62,12 @@ class Checkpoint:
     parts: dict[str, bytes]
     path: Path
 
+    def summary(self) -> dict:
+        """What /stats shows of it: its name (never its path: /stats is public), sequence number,
+        ratings learned and when it was written."""
+        return {"name": self.path.name, "seq": self.seq,
+                "ratings_learned": self.meta.get("ratings_learned"), "at": self.meta.get("written_at")}
+
     def public(self, mode) -> dict:
         """What may be shown of this checkpoint in privacy mode ``mode`` (``privacy.mode``): its
         metadata and part sizes through the release boundary (``privacy.release.public_manifest``)."""

@@ -270,9 +270,7 @@ class LearningService:
         self.origin = ckpt.meta.get("origin", self.origin)
         ledger = ckpt.meta.get("privacy_ledger")
         self.ledger = PrivacyLedger.from_dict(ledger) if ledger else None
-        self.last_checkpoint = {"name": ckpt.path.name, "seq": ckpt.seq,
-                                "ratings_learned": ckpt.meta.get("ratings_learned"),
-                                "at": ckpt.meta.get("written_at")}
+        self.last_checkpoint = ckpt.summary()
 
     def reload_if_newer(self) -> bool:
         """Read-only mode: swap in the newest valid checkpoint if it is newer than ours."""

@@ -1,5 +1,5 @@
 """Serving a joint-DP model (``models.private.joint_als.PrivateALS``): read-only, after it was
-trained in one batch, through the same ``LearningService`` and HTTP app as the learning models.
+trained in one batch, through the same HTTP app as the learning models (a ``ServingSource``).
 
 The guarantee is *joint* DP: the release (global mean, item biases, item factors, the fallback
 bit) is DP; user U's offset and vector are solved from the release and U's OWN training ratings,
@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -47,7 +48,10 @@ from sketchrec import frame
 from sketchrec.data import Ratings
 from sketchrec.models.private.joint_als import PrivateALS
 from sketchrec.models.private.joint_baseline import item_index
-from sketchrec.stream.checkpoint import Checkpoint, CheckpointStore
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.privacy.accounting import PrivacyLedger
+from sketchrec.stream.checkpoint import Checkpoint, CheckpointStore, operator_parts, restore_operator_parts
+from sketchrec.stream.health import Health
 from sketchrec.stream.service import LearningService, NoCheckpoint
 
 RATED_MAGIC = b"SKJR"   # each user's training items, in a checkpoint (a sketchrec.frame)
@@ -155,15 +159,49 @@ class JointRecommender:
         return cls(PrivateALS.from_bytes(parts["joint"]), None, source, pair)
 
 
-class JointService(LearningService):
-    """The read-only service over a ``JointRecommender``: /privacy shows the model's figures.
-    With a ``CheckpointStore`` it writes the fitted model and its ledger (``checkpoint``) and comes
-    back from them (``from_checkpoint``): a restart serves the same release, never a new one."""
+class JointService:
+    """The read-only ``ServingSource`` (``stream.serving.source``) over a ``JointRecommender``:
+    /privacy shows the model's figures. With a ``CheckpointStore`` it writes the fitted model and
+    its ledger (``checkpoint``) and comes back from them (``from_checkpoint``): a restart serves the
+    same release, never a new one. Not a ``LearningService``: nothing here learns, so it has no
+    offsets, budget, pass accounting or pause (the app answers 409 to the learning endpoints of a
+    read-only source).
+
+    Parameters
+    ----------
+    recommender:
+        The fitted model's recommender.
+    checkpoints:
+        Where ``checkpoint`` writes (None: nowhere).
+    restored:
+        The checkpoint it was read from (``from_checkpoint``): its ledger is the model's.
+
+    Examples
+    --------
+    >>> [m for m in ("stats", "privacy", "checkpoint", "pause", "resume", "warm_up")
+    ...  if not callable(getattr(JointService, m, None))]
+    []
+    >>> issubclass(JointService, LearningService)   # nothing here learns
+    False
+    """
+
+    read_only = True
+    model_cls = PrivateALS
 
     def __init__(self, recommender: JointRecommender, checkpoints: CheckpointStore | None = None,
                  restored: Checkpoint | None = None):
-        super().__init__(recommender, checkpoints, read_only=True, model_cls=PrivateALS,
-                         ledger=None if restored else recommender.model.ledger, restored=restored)
+        self.recommender, self.checkpoints = recommender, checkpoints
+        self.health = Health()
+        self.feedback = None   # read-only: posted ratings are refused (stream.serving.feedback)
+        self.titles = None     # --items: item titles on the answers
+        self.origin = {"perturbed_on_device": 0, "raw": 0, "mechanism": None}   # no local DP
+        self.skipped: Counter = Counter()
+        self.started = time.time()
+        self.last_checkpoint: dict | None = None
+        self.ledger = recommender.model.ledger
+        self._lock = threading.Lock()
+        if restored is not None:
+            self._adopt(restored)
         recommender.model.ledger = self.ledger   # one ledger: the checkpoint's when restored
 
     @classmethod
@@ -174,6 +212,29 @@ class JointService(LearningService):
         if ckpt is None:
             raise NoCheckpoint(f"no valid checkpoint in {directory}")
         return cls(JointRecommender.from_parts(ckpt.parts), store, restored=ckpt)
+
+    def _adopt(self, ckpt: Checkpoint) -> None:
+        restore_operator_parts(self.recommender.model, ckpt.parts)
+        ledger = ckpt.meta.get("privacy_ledger")
+        self.ledger = PrivacyLedger.from_dict(ledger) if ledger else None
+        self.last_checkpoint = ckpt.summary()
+
+    def checkpoint(self) -> dict:
+        """Write the fitted model and its ledger now (the layout of ``LearningService.checkpoint``,
+        whose reader ``open_checkpoint`` picks this class by ``model_class``)."""
+        if self.checkpoints is None:
+            raise RuntimeError("no checkpoint directory configured")
+        with self._lock:
+            model = self.recommender.model
+            path = self.checkpoints.save(
+                {**self.recommender.state_parts(), **operator_parts(model)},
+                {"ratings_learned": self.ratings_learned, "offsets": {}, "topic_id": None,
+                 "skipped": dict(self.skipped), "errors": ErrorStats().to_dict(),
+                 "model_class": PrivateALS.__name__, "privacy_ledger": self.ledger and self.ledger.to_dict(),
+                 "origin": self.origin})
+            self.last_checkpoint = {"name": path.name, "seq": self.checkpoints.newest_seq(),
+                                    "ratings_learned": self.ratings_learned, "at": time.time()}
+            return {**self.last_checkpoint, "path": str(path)}
 
     def reload_if_newer(self) -> bool:
         """Swap in a newer checkpoint's model (`sketchrec serve` polls this)."""
@@ -190,7 +251,7 @@ class JointService(LearningService):
         return self.recommender.n_train
 
     def stats(self) -> dict:
-        """The base service's fields; the exact counts stay operator state (``privacy.release``)."""
+        """The learning services' fields; the exact counts stay operator state (``privacy.release``)."""
         rec = self.recommender
         return {"ratings_learned": self.ratings_learned, "skipped": dict(self.skipped),
                 "model_bytes": rec.nbytes, "serving_bytes": rec.nbytes,
@@ -201,6 +262,12 @@ class JointService(LearningService):
     def warm_up(self) -> None:
         self.health.ready = True   # numpy only: nothing to compile
 
+    def pause(self) -> None:
+        raise RuntimeError("a joint-DP model never learns: there is nothing to pause")
+
+    def resume(self) -> None:
+        raise RuntimeError("a joint-DP model never learns: there is nothing to resume")
+
     def privacy(self) -> dict:
         figures = {**self.recommender.model.figures(), "access_control": ACCESS_NOTE}
         if self.recommender.catalogue_source:
@@ -208,7 +275,7 @@ class JointService(LearningService):
         return figures
 
 
-def open_checkpoint(directory) -> LearningService:
+def open_checkpoint(directory) -> "LearningService | JointService":
     """The read-only service over the newest checkpoint in ``directory``: a joint-DP model's
     (``JointService``) or a learning model's (``LearningService.from_checkpoint``)."""
     ckpt = CheckpointStore(directory).latest()
