@@ -113,13 +113,15 @@ def main(argv: list[str] | None = None) -> dict:
             sent = produce(copies, args.bootstrap, topic, batch=batch)
             per_message = n / sent["messages"]
             report[form] = {"messages": sent["messages"], "produce_ratings_per_s": sent["ratings_per_s"],
+                            "produce_cpu_s_per_million": sent["cpu_s_per_million"],
                             "bare_consume_ratings_per_s": per_message * bare_consume(
                                 args.bootstrap, topic, sent["messages"]),
                             "bare_compiled_reader_ratings_per_s": per_message * bare_consume(
                                 args.bootstrap, topic, sent["messages"], compiled=True),
                             "topic_to_model_ratings_per_s": learn_from(args.bootstrap, topic, capacity, n)}
             r = report[form]
-            print(f"{form:18s} {sent['messages']:>9,} messages  bare consume "
+            print(f"{form:18s} {sent['messages']:>9,} messages  produce {r['produce_ratings_per_s']:>10,.0f} "
+                  f"ratings/s ({r['produce_cpu_s_per_million']:.2f} CPU-s per million)  bare consume "
                   f"{r['bare_consume_ratings_per_s']:>10,.0f} ratings/s (compiled reader "
                   f"{r['bare_compiled_reader_ratings_per_s']:>10,.0f})   topic->model "
                   f"{r['topic_to_model_ratings_per_s']:>10,.0f} ratings/s "

@@ -4,10 +4,13 @@ Messages are keyed by user, so one user's ratings stay in order on one partition
 sends one CSV rating per message; ``batch=N`` sends N ratings of one user-partition per message
 (the batched form, for throughput). ``rate`` caps ratings per second. ``compression`` is the
 codec of the record batches (none, gzip, snappy, lz4, zstd), as production producers set it.
+The messages of a whole file are built at once in compiled code (``sketchrec.csv_lines``) and
+sent through librdkafka (``_client`` says why).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Iterator
 
@@ -21,6 +24,7 @@ from sketchrec.data import Ratings
 from sketchrec.ratings import stable_order
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+log = logging.getLogger(__name__)
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 2) -> bool:
@@ -50,15 +54,32 @@ class _Delivered:
     def __init__(self):
         self.ratings, self.error = 0, None
 
-    def track(self, future, n_ratings: int) -> None:
-        future.add_callback(lambda _: self._ok(n_ratings))
-        future.add_errback(self._failed)
+    def callback(self, n_ratings: int) -> Callable:
+        """librdkafka's delivery report of one message of ``n_ratings`` (run in ``poll``/``flush``)."""
+        def report(err, _msg) -> None:
+            if err is None:
+                self.ratings += n_ratings
+            else:
+                self.error = self.error or err
+        return report
 
-    def _ok(self, n: int) -> None:
-        self.ratings += n
 
-    def _failed(self, exc) -> None:
-        self.error = self.error or exc
+def _client(bootstrap: str, compression: str, transactional_id: str | None):
+    """librdkafka's producer (confluent-kafka), set as the kafka-python one was: every replica
+    acknowledges (acks=all), 20 ms linger, 1 MB batches, the chosen codec; its default
+    partitioner for keyed messages is replaced by ``murmur2_random``, the Java client's and
+    kafka-python's ``DefaultPartitioner`` (a key lands on the partition it always did).
+    Why librdkafka: kafka-python spends tens of microseconds of Python per message sent
+    (partitioner, accumulator, future), and a file keyed by user is at least one message per
+    user and run; librdkafka queues a message in one C call and partitions, batches, compresses
+    and retries in its own threads."""
+    import confluent_kafka
+    return confluent_kafka.Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.size": 1 << 20,
+        "message.max.bytes": 16 << 20, "compression.type": compression,
+        "partitioner": "murmur2_random", "queue.buffering.max.messages": 1_000_000,
+        "logger": log,   # its connection errors through logging, as kafka-python's (not raw stderr)
+        **({"transactional.id": transactional_id} if transactional_id else {})})
 
 
 def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: float | None = None,
@@ -72,20 +93,26 @@ def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: 
     With ``held_until``, everything goes in one transaction, committed once every message is
     acknowledged and ``held_until()`` has returned: read_committed consumers (ours) see none of it
     before, then all of it at once (a benchmark starts its consumers in ``held_until``)."""
-    from kafka import KafkaProducer
+    import confluent_kafka
     if batch < 1:
         raise ValueError("batch must be at least 1")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}")
     ensure_topic(bootstrap, topic, partitions)
-    producer = KafkaProducer(**kafka_config(bootstrap), linger_ms=20, batch_size=1 << 20, acks="all",
-                             max_request_size=16 << 20,
-                             compression_type=None if compression == "none" else compression,
-                             **({"transactional_id": f"held-{topic}"} if held_until else {}))
+    try:
+        return _produce(ratings, bootstrap, topic, batch, rate, randomiser, compression, timeout,
+                        held_until)
+    except confluent_kafka.KafkaException as exc:   # one error type for callers, as before
+        raise KafkaError(str(exc.args[0] if exc.args else exc)) from None
+
+
+def _produce(ratings: Ratings, bootstrap: str, topic: str, batch: int, rate: float | None,
+             randomiser, compression: str, timeout: float, held_until) -> dict:
+    producer = _client(bootstrap, compression, f"held-{topic}" if held_until else None)
     if held_until:
-        producer.init_transactions()
+        producer.init_transactions(30)
         producer.begin_transaction()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     sent_messages = 0
     values = ratings.ratings if randomiser is None else randomiser.perturb(ratings.ratings)
     headers = None if randomiser is None else [(HEADER, randomiser.header())]
@@ -93,17 +120,37 @@ def produce(ratings: Ratings, bootstrap: str, topic: str, batch: int = 1, rate: 
     messages = (_messages(ratings, values, batch) if rate is None
                 else _paced(_rows(ratings, values), batch, rate, t0))
     for key, value, n_ratings in messages:
-        delivered.track(producer.send(topic, key=key, value=value, headers=headers), n_ratings)
+        if not _send(producer, topic, key, value, headers, delivered.callback(n_ratings), timeout):
+            break   # the broker took nothing for ``timeout`` s: _flush names what was delivered
         sent_messages += 1
     total = len(ratings)
     acknowledged: list[float] = []   # when the last message was (a held commit waits after it)
     _flush(producer, delivered, total, timeout,
            held_until and (lambda: (acknowledged.append(time.perf_counter()), held_until())))
     seconds = (acknowledged[0] if acknowledged else time.perf_counter()) - t0
+    # this process's CPU, librdkafka's threads included: on a shared machine the robust figure
+    cpu_per_million = (time.process_time() - cpu0) * 1e6 / max(total, 1)
     return {"topic": topic, "ratings": total, "messages": sent_messages, "compression": compression,
-            "seconds": seconds,
-            "ratings_per_s": total / max(seconds, 1e-9),
+            "seconds": seconds, "ratings_per_s": total / max(seconds, 1e-9),
+            "cpu_s_per_million": cpu_per_million,
             **({"ldp": randomiser.header().decode()} if randomiser is not None else {})}
+
+
+def _send(producer, topic: str, key: bytes, value: bytes, headers, report: Callable,
+          timeout: float) -> bool:
+    """Queue one message; while librdkafka's queue is full (a broker outage, or sending faster
+    than the broker takes), serve delivery reports until it has room: False after ``timeout`` s."""
+    deadline = None
+    while True:
+        try:
+            producer.produce(topic, value, key, headers=headers, on_delivery=report)
+            producer.poll(0)   # the delivery reports due (no wait)
+            return True
+        except BufferError:
+            deadline = deadline or time.monotonic() + timeout
+            if time.monotonic() > deadline:
+                return False
+            producer.poll(0.1)
 
 
 Message = tuple[bytes, bytes, int]   # (key, value, ratings in it)
@@ -136,20 +183,24 @@ def _paced(rows: list[tuple], batch: int, rate: float | None, t0: float) -> Iter
 
 def _messages(ratings: Ratings, values: np.ndarray, batch: int) -> Iterator[Message]:
     """The messages ``_paced`` makes without a rate, byte for byte, built a column at a time:
-    each rating's CSV line formatted by arrow, a user's lines cut into runs of ``batch``, and the
-    runs sent in the order ``_paced`` sends them (a full run when its last rating comes, the rest
-    at the end by where they began). Ids holding a comma or a line break (JSON messages) take
-    ``_paced``."""
+    every rating's CSV line written in one compiled pass (``sketchrec.csv_lines``), a user's
+    lines cut into runs of ``batch``, and the runs sent in the order ``_paced`` sends them (a
+    full run when its last rating comes, the rest at the end by where they began). Ids holding a
+    comma or a line break (JSON messages), or columns arrow cannot type, take ``_paced``."""
     import pyarrow as pa
-    import pyarrow.compute as pc
+    from sketchrec.csv_lines import csv_lines, group_order, text_or_ints
     n = len(ratings)
     users = ratings.users
-    if n == 0 or any(users.dtype == object and _unsafe(ids) for ids in (users, ratings.items)):
+    try:
+        if n == 0 or any(ids.dtype == object and _unsafe(ids) for ids in (users, ratings.items)):
+            raise ValueError("a message of JSON")
+        columns = [text_or_ints(col) for col in (users, ratings.items, ratings.timestamps)]
+        encoded = pa.array(users).dictionary_encode()    # compiled, for int and text ids alike
+    except (ValueError, pa.ArrowException):
         yield from _paced(_rows(ratings, values), batch, None, 0.0)
         return
-    encoded = pa.array(users).dictionary_encode()        # compiled, for int and text ids alike
     user_of = encoded.indices.to_numpy(zero_copy_only=False)
-    order = np.argsort(user_of, kind="stable")          # each user's ratings together, in order
+    order = group_order(user_of, len(encoded.dictionary))   # each user's ratings together, in order
     counts = np.bincount(user_of)
     rank = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)   # within its user
     starts = np.flatnonzero(rank % batch == 0)                           # a run begins
@@ -157,16 +208,13 @@ def _messages(ratings: Ratings, values: np.ndarray, batch: int) -> Iterator[Mess
     full = ends - starts == batch
     # _paced sends a full run at its last rating, the others after everything, by first rating
     sent_at = np.where(full, order[ends - 1], n + order[starts])
-    stars, star_of = np.unique(values[order], return_inverse=True)
-    wide = pa.large_string()   # 64-bit offsets: a file's text may pass 2 GB
-    text = [pa.array(col[order]).cast(wide) for col in (users, ratings.items)]
-    text += [pa.array([f"{r:g}" for r in stars.tolist()], wide).take(pa.array(star_of)),
-             pa.array(ratings.timestamps[order]).cast(wide), pa.scalar("\n", wide)]
-    lines = pc.binary_replace_slice(pc.binary_join_element_wise(*text, pa.scalar(",", wide)), -2, -1, "")
-    offsets = np.frombuffer(lines.buffers()[1], np.int64, len(lines) + 1, lines.offset * 8)
-    data = memoryview(lines.buffers()[2])
+    stars = pa.array(values).dictionary_encode()         # a rating's text: one :g per distinct value
+    offsets, data = csv_lines(order, columns[0], columns[1],
+                              stars.indices.to_numpy(zero_copy_only=False),
+                              [f"{r:g}" for r in stars.dictionary.to_pylist()], columns[2])
+    data = memoryview(data)
     keys = [str(u).encode() for u in encoded.dictionary.to_pylist()]
-    for run in np.argsort(sent_at, kind="stable").tolist():
+    for run in np.argsort(sent_at).tolist():    # distinct values: any sort is the stable one
         a, b = starts[run], ends[run]
         yield keys[user_of[order[a]]], bytes(data[offsets[a]:offsets[b] - 1]), int(b - a)
 
@@ -177,20 +225,18 @@ def _unsafe(ids: np.ndarray) -> bool:
 
 def _flush(producer, delivered: _Delivered, total: int, timeout: float,
            held_until: Callable[[], object] | None = None) -> None:
-    """Wait until every message is acknowledged; DeliveryError with the count delivered if not.
-    A held transaction is committed after that, once ``held_until()`` returns."""
-    try:
-        producer.flush(timeout=timeout)
-    except KafkaError:
-        pass  # judged by the count below
+    """Wait until every message is acknowledged; DeliveryError with the count delivered if not
+    (what is still queued is dropped, not sent later). A held transaction is committed after
+    that, once ``held_until()`` returns."""
+    producer.flush(timeout)
     if delivered.ratings < total:
-        producer.close(timeout=5)
+        producer.purge()
+        producer.flush(0)
         why = delivered.error or f"no acknowledgement within {timeout:g} s"
         raise DeliveryError(f"{delivered.ratings:,} of {total:,} ratings delivered ({why})")
     if held_until:
         held_until()
-        producer.commit_transaction()
-    producer.close(timeout=5)
+        producer.commit_transaction(30)
 
 
 def order_for_topic(ratings: Ratings) -> Ratings:

@@ -330,36 +330,29 @@ def test_a_failed_checkpoint_keeps_the_consumer_up_and_retries_later(tmp_path, c
 
 
 # --- 6. producer across an outage ----------------------------------------------------------------
-class _FakeFuture:
-    def __init__(self, ok):
-        self.ok = ok
-
-    def add_callback(self, fn):
-        if self.ok:
-            fn(None)
-        return self
-
-    def add_errback(self, fn):
-        return self
-
-
 class _FakeProducer:
-    """Acknowledges the first ``acked`` messages; the broker 'stays down' for the rest."""
+    """librdkafka's producer as ``produce`` uses it: acknowledges the first ``acked`` messages;
+    the broker 'stays down' for the rest (flush returns with them still queued)."""
     acked = 10 ** 9
 
-    def __init__(self, **config):
-        self.sent = 0
+    def __init__(self, config):
+        self.sent, self.reports = 0, []
 
-    def send(self, topic, key=None, value=None, headers=None):
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
         self.sent += 1
-        return _FakeFuture(self.sent <= self.acked)
+        if self.sent <= self.acked:
+            self.reports.append(on_delivery)
+
+    def poll(self, timeout=None):
+        for report in self.reports:
+            report(None, None)
+        self.reports.clear()
 
     def flush(self, timeout=None):
-        if self.sent > self.acked:
-            from kafka.errors import KafkaTimeoutError
-            raise KafkaTimeoutError("flush timed out")
+        self.poll()
+        return max(0, self.sent - self.acked)
 
-    def close(self, timeout=None):
+    def purge(self):
         pass
 
 
@@ -370,19 +363,19 @@ def _ratings(n):
 def test_rate_limiting_never_sleeps_a_negative_time(monkeypatch):
     """Before: two perf_counter() readings; a stall between them gave
     ValueError: sleep length must be non-negative."""
-    import kafka
+    import confluent_kafka
     clock = iter(np.arange(0, 1e3, 0.00075))
     monkeypatch.setattr(producer_module, "time", types.SimpleNamespace(
         perf_counter=lambda: float(next(clock)), sleep=time.sleep))
     monkeypatch.setattr(producer_module, "ensure_topic", lambda *a: False)
-    monkeypatch.setattr(kafka, "KafkaProducer", _FakeProducer)
+    monkeypatch.setattr(confluent_kafka, "Producer", _FakeProducer)
     assert produce(_ratings(40), "x:1", "t", rate=1000.0)["ratings"] == 40
 
 
 def test_an_outage_longer_than_the_timeout_names_what_was_delivered(monkeypatch):
-    import kafka
+    import confluent_kafka
     monkeypatch.setattr(producer_module, "ensure_topic", lambda *a: False)
-    monkeypatch.setattr(kafka, "KafkaProducer", type("Down", (_FakeProducer,), {"acked": 30}))
+    monkeypatch.setattr(confluent_kafka, "Producer", type("Down", (_FakeProducer,), {"acked": 30}))
     with pytest.raises(DeliveryError, match="30 of 100 ratings delivered"):
         produce(_ratings(100), "x:1", "t", timeout=0.1)
 
