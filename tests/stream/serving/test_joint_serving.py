@@ -16,6 +16,7 @@ from sketchrec.data import SyntheticStream
 from sketchrec.models.private.joint_als import JointDPConfig, PrivateALS
 from sketchrec.privacy.access import KEY_ENV, UserTokens
 from sketchrec.stream.serving.http import create_app
+from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.joint import JointRecommender, JointService
 from sketchrec.stream.serving.server import ServerThread
 
@@ -90,6 +91,10 @@ def test_learning_endpoints_answer_409_and_access_control_cannot_be_turned_off(s
     for path in ("/pause", "/resume", "/checkpoint"):
         assert client.post(path, headers=_bearer(ADMIN)).status_code == 409
     service = JointService(JointRecommender(model, data))
+    assert not isinstance(service, LearningService)   # a source that never learns, not a learner
+    for step in (service.pause, service.resume):
+        with pytest.raises(RuntimeError, match="never learns"):
+            step()
     for access in (False, None):
         with pytest.raises(ValueError, match="access control"):
             create_app(service, ADMIN, access)
