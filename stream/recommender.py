@@ -84,6 +84,9 @@ class Recommender:
         self.observers: list = []
         # called with no arguments before every learned batch (replica.py: deferred refreshes)
         self.before_learning: list = []
+        # called with a batch's users and items before it is learned (a fleet replica counts
+        # their sightings first, so that ids heavy in the batch learn it in their slots)
+        self.before_batch: list = []
         # runtime state, never checkpointed
         self.refresh_s = refresh_s
         self.index = None   # models.retrieval.RetrievalIndex, built with the snapshot when large
@@ -124,6 +127,8 @@ class Recommender:
         for prepare in self.before_learning:
             prepare()
         users, items = np.asarray(users), np.asarray(items)
+        for prepare in self.before_batch:
+            prepare(users, items)
         self._feedback(users, items, ratings)
         ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)
         real = real_rows(users)

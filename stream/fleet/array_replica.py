@@ -57,7 +57,7 @@ class ArrayReplica:
         """Nothing to track: a take compares every entry (the arrays are small beside a factor
         model's cells)."""
 
-    observe = touched
+    ahead = touched
 
     def ready(self, full: bool = False) -> None:
         """Nothing held apart to refresh (no heavy slots)."""

@@ -82,6 +82,7 @@ class ModelReplica:
         # deferred: a take or apply leaves the held slots' rows stale, for ready() to refresh,
         # which it does every FULL_REFRESH_EVERY of them (or when told: settle, a snapshot)
         self.deferred, self.stale, self._stale_events = deferred, False, 0
+        self._admitted = 0   # of slots.pending, admitted ahead of a batch (ahead) already
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
         """Record the ids of a learned batch (all rows, canaries included) for ``tracked``: an id
@@ -158,11 +159,28 @@ class ModelReplica:
             slots = distinct(slots[slots >= 0])
         return where[0], where[1], slots
 
-    def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
-        """Count a learned batch's ids (heavy-slot announcements, at the next take); a no-op
-        without slots."""
-        if self.slots is not None:
-            self.slots.observe(ukeys, ikeys)
+    def ahead(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        """Count the ids of a batch about to be learned (its real rows) and admit at once those
+        that became due; a no-op without slots. They are announced all the same (published with
+        the next take, which admits them again: a no-op here, what every other replica does when
+        it applies them). Admission moves nothing (S = 0: the row is the id's estimate), so to
+        the others admitting before the batch or at the take is the same, except that the
+        batch's learning on the id comes as its slot's change instead of its cells'. Counted
+        after the batch, a user whose ratings come together (most do) would have learned all of
+        them in hashed cells before its slot: ML-100k in time order, 2 members, 21% of the
+        users' ratings then found a slot against a plain learner's 98%."""
+        if self.slots is None:
+            return
+        self.slots.observe(ukeys, ikeys)
+        self.slots.announce()
+        due = self.slots.pending[self._admitted:]
+        if not due:
+            return
+        self._admitted = len(self.slots.pending)
+        keys, families = np.array(due, dtype=np.uint64).reshape(-1, 2).T
+        if self._touched is not None:
+            self._sort_touched()   # by the membership they were learned under
+        self.slots.admit(keys, families.astype(np.uint8), (self._cells, self._bias))
 
     # --- take ---------------------------------------------------------------------------------------
     def take(self) -> dict[str, np.ndarray]:
@@ -185,7 +203,7 @@ class ModelReplica:
             self.slots.announce()
         if self.slots is not None and self.slots.pending:
             keys, families = np.array(self.slots.pending, dtype=np.uint64).reshape(-1, 2).T
-            self.slots.pending = []
+            self.slots.pending, self._admitted = [], 0
             out.update({"announce_keys": keys, "announce_families": families.astype(np.uint8)})
             self.slots.admit(keys, families.astype(np.uint8), (self._cells, self._bias))
         if self.slots is not None and out:

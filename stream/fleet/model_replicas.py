@@ -72,8 +72,8 @@ class MixReplica:
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
         self._each("touched", ukeys, ikeys)
 
-    def observe(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
-        self._each("observe", ukeys, ikeys)
+    def ahead(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        self._each("ahead", ukeys, ikeys)
 
     def ready(self, full: bool = False) -> None:
         self._each("ready", full)

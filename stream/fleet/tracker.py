@@ -54,7 +54,8 @@ recommender takes it as published. Making a tracker turns the model's heavy filt
 as no tracker is made). Costs: ``take`` compares only the cells addressed by the
 ids learned outside a heavy slot and the slots of the ids learned in one (seen through
 ``recommender.observers``, which only record each batch; the ids are sorted by slot when
-membership is about to change, and counted for announcements at the take), in one compiled
+membership is about to change; a batch's ids are counted for announcements before it is learned,
+``recommender.before_batch``, and the due ones admitted then), in one compiled
 pass, or every cell in one branch-free pass once the rows learned since the last take address
 as many cells as the model has (float32; ML-100k at 2,000-rating takes moves ~70% of them);
 ``apply`` the delta's size. The held slots' rows (``models.fleet_slots``: depth x light_dim
@@ -96,6 +97,7 @@ import numpy as np
 
 from sketchrec import frame
 from sketchrec.stream.fleet.delta_codec import distinct
+from sketchrec.privacy.audit import real_rows
 from sketchrec.stream.fleet.model_replicas import replica_for
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import pair_keys
@@ -140,14 +142,22 @@ class DeltaTracker:
         self._rerank, self._reranked_at = False, 0.0    # popular list: counts moved since / when
         recommender.observers.append(self._observe)
         recommender.before_learning.append(self.ready)   # held slots' rows up to date
+        recommender.before_batch.append(self._ahead)
+
+    def _ahead(self, users: np.ndarray, items: np.ndarray) -> None:
+        """A batch about to be learned: its real rows' ids are counted for heavy slots now, and
+        those that become due are admitted before it (``ModelReplica.ahead``): a user's ratings
+        mostly come together, and counted after the batch (announced at the next take) they
+        would all be learned in hashed cells first."""
+        real = real_rows(users)
+        keys = self.rec.id_keys
+        self._model.ahead(keys.as_keys(users[real]), keys.as_keys(items[real]))
 
     def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
         """A learned batch: every row moved the model, the real ones (no canaries) also serve."""
         ukeys, ikeys = ukeys.copy(), ikeys.copy()   # kept until the next take
         self._model.touched(ukeys, ikeys)
-        ukeys, ikeys = ukeys[real], ikeys[real]
-        self._model.observe(ukeys, ikeys)
-        self._seen.append((ukeys, ikeys))
+        self._seen.append((ukeys[real], ikeys[real]))
 
     # --- publish ------------------------------------------------------------------------------------
     def take(self, meta: dict | None = None) -> bytes | None:

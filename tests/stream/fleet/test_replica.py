@@ -248,3 +248,36 @@ def test_an_apply_moves_at_once_the_rows_of_the_held_slots_whose_residuals_it_mo
     monkeypatch.setattr(ModelReplica, "_follow", lambda self, held, rows: None)   # rows left behind
     lag, move = lag_and_move()
     assert lag == move
+
+
+def test_ids_heavy_in_a_batch_learn_it_in_their_slots_and_the_replicas_agree(monkeypatch):
+    """A batch's ids are counted before it is learned: a user whose ratings come together (most
+    users' do) takes its slot before its batch, so the batch's learning on it comes as the slot's
+    change, and the replica that applies the delta predicts as the learner does. Counted after
+    the batch (a broken variant), every one of those ratings went to hashed cells first."""
+    from sketchrec.stream.fleet.deltas import ModelReplica
+    rng = np.random.default_rng(3)
+    users = np.repeat(np.arange(40), 30)              # 40 users, 30 ratings each, one after another
+    items = rng.integers(0, 300, len(users))
+    ratings = rng.integers(1, 6, len(users)).astype(float)
+
+    def users_learned_in_slots() -> int:
+        a, b = recommender(), recommender()
+        ta, tb = DeltaTracker(a), DeltaTracker(b)
+        a.learn_many(users, items, ratings)
+        header, arrays = decode(blob := ta.take())
+        tb.apply(blob)
+        ta.settle()
+        tb.settle()
+        np.testing.assert_allclose(b.predict_many(users, items), a.predict_many(users, items),
+                                   rtol=0, atol=1e-6)
+        return int((arrays.get("slot_families", np.empty(0)) == 0).sum())   # USER
+
+    assert users_learned_in_slots() == 40
+    ahead = ModelReplica.ahead   # counted after the batch: the slots come only with the take
+    monkeypatch.setattr(ModelReplica, "ahead", lambda self, u, i: None)
+    monkeypatch.setattr(ModelReplica, "take", lambda self, take=ModelReplica.take: (
+        ahead(self, *self._late), take(self))[1] if hasattr(self, "_late") else take(self))
+    monkeypatch.setattr(ModelReplica, "touched", lambda self, u, i, touched=ModelReplica.touched: (
+        setattr(self, "_late", (u, i)), touched(self, u, i))[1])
+    assert users_learned_in_slots() == 0
