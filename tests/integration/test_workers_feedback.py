@@ -30,10 +30,10 @@ DATA = SyntheticStream(n_ratings=4000, n_users=150, n_items=100, seed=5).all()
 
 
 @contextlib.contextmanager
-def readers(service, access=False):
-    """Two reader processes serving ``service``; the client talks to them only (the learner's
+def readers(service, access=False, n=1):
+    """``n`` reader processes serving ``service``; the client talks to them only (the learner's
     endpoint is on a loopback port of its own)."""
-    pool = WorkerPool(service, ("127.0.0.1", 0), 2, admin_token=ADMIN, access=access).start()
+    pool = WorkerPool(service, ("127.0.0.1", 0), n, admin_token=ADMIN, access=access).start()
     try:
         with httpx.Client(base_url=pool.url, timeout=60) as client:
             yield client, pool
@@ -47,7 +47,7 @@ def test_a_rating_posted_to_a_reader_is_learned_by_the_learner():
     rec.learn_many(DATA.users, DATA.items, DATA.ratings)
     service.feedback = DirectFeedback(service, (1.0, 5.0))
     learned = service.ratings_learned
-    with readers(service) as (client, pool):
+    with readers(service, n=2) as (client, pool):
         assert client.get("/stats").json()["worker_pid"] in pool.pids()   # a reader answers
         one = client.post("/ratings", json={"user": "newcomer", "item": 7, "rating": 5})
         batch = [{"user": "newcomer", "item": 7, "rating": 5.0}] * 20 + [{"user": 1, "item": 2, "rating": 9}]
