@@ -4,6 +4,7 @@ shared-memory tracker from stream/serving/workers/block.py), and a ``Checked`` g
 the versions they were read in, saying once per feature when it does not."""
 
 import ast
+import functools
 import logging
 from pathlib import Path
 
@@ -39,9 +40,14 @@ def _shared_memory(node) -> bool:
                                            (_shared_memory, "stream/serving/workers/block.py")],
                          ids=["kafka-python", "uvicorn", "shared memory"])
 def test_each_librarys_internals_are_reached_from_one_module(reaches, home):
-    found = {str(path.relative_to(ROOT)) for folder in PRODUCT for path in (ROOT / folder).rglob("*.py")
-             if any(reaches(node) for node in ast.walk(ast.parse(path.read_text())))}
+    found = {name for name, nodes in _product_nodes().items() if any(reaches(node) for node in nodes)}
     assert found == {home}
+
+
+@functools.cache   # parsed once for the three libraries
+def _product_nodes() -> dict[str, list]:
+    return {str(path.relative_to(ROOT)): list(ast.walk(ast.parse(path.read_text())))
+            for folder in PRODUCT for path in (ROOT / folder).rglob("*.py")}
 
 
 def test_the_guard_passes_the_versions_read_and_says_once_what_it_does_instead(caplog):
