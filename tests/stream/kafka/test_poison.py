@@ -102,11 +102,11 @@ def member():
     from sketchrec.models.metrics import ErrorStats
     from sketchrec.stream.fleet.member import FleetLearner
     from sketchrec.stream.fleet.model_topic import FleetState
+    from sketchrec.stream.fleet.replicas import FleetService
     from sketchrec.stream.fleet.tracker import DeltaTracker
     from sketchrec.stream.recommender import Recommender
-    from sketchrec.stream.service import LearningService
     recommender = Recommender(SketchMF(capacity=500, dim=8), pair_capacity=20_000)
-    service = LearningService(recommender, None, read_only=False)
+    service = FleetService(recommender, None, read_only=False)   # as a member's (replicas.py)
     learner = _bare(FleetLearner, service)
     learner.state, learner.tracker = FleetState(member="m"), DeltaTracker(recommender, "m")
     learner.model_producer, learner.model_topic = _Producer(), "t.model"
