@@ -139,6 +139,8 @@ class DistinctIds:
 
     def add(self, ids: np.ndarray) -> None:
         from sketchrec.sketches.hashing import keys_of
+        if ids.dtype == object:   # a block's rows share one str per id: hash each id once
+            ids = np.array(list(set(ids.tolist())), dtype=object)
         self.keys = np.union1d(self.keys, keys_of(ids))
 
     def __len__(self) -> int:
