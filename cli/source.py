@@ -136,14 +136,25 @@ class DistinctIds:
 
     def __init__(self) -> None:
         self.keys = np.empty(0, np.uint64)
+        self.pending: list[np.ndarray] = []   # blocks' keys, merged once they outgrow ``keys``
 
     def add(self, ids: np.ndarray) -> None:
         from sketchrec.sketches.hashing import keys_of
         if ids.dtype == object:   # a block's rows share one str per id: hash each id once
             ids = np.array(list(set(ids.tolist())), dtype=object)
-        self.keys = np.union1d(self.keys, keys_of(ids))
+        self.pending.append(np.unique(keys_of(ids)))
+        # merging every block re-sorted all keys each time (most of the counting pass's time);
+        # merging when the pending keys outnumber the merged ones costs a sort per doubling,
+        # and holds at most twice the keys
+        if sum(map(len, self.pending)) > max(len(self.keys), 1 << 16):
+            self._merge()
+
+    def _merge(self) -> None:
+        self.keys = np.unique(np.concatenate([self.keys, *self.pending]))
+        self.pending = []
 
     def __len__(self) -> int:
+        self._merge()
         return len(self.keys)
 
 
