@@ -25,6 +25,7 @@ the service's one way in.
 from __future__ import annotations
 
 import threading
+import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,10 @@ MAX_POSTED = 10_000        # ratings one request may hold
 MAX_BODY = 2 << 20         # bytes of one request body
 ACK_TIMEOUT_S = 15.0       # how long a produced batch may wait for the broker's acknowledgement
 BUDGET_SPENT = "privacy budget spent"
+
+# A reader reaches its learner on loopback only. urllib's default opener honours http_proxy even
+# for 127.0.0.1, which would hand users' tokens and ratings to a proxy: this opener has none.
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class FeedbackRefused(Exception):
@@ -88,6 +93,7 @@ class ForwardedFeedback:
     ----------
     url: the learner's loopback address (``http://127.0.0.1:PORT``).
     rating_range: the learner's (what the reader reads the request by before relaying it).
+    timeout: seconds the learner may take to answer (above its own wait for the broker).
 
     Examples
     --------
@@ -97,30 +103,34 @@ class ForwardedFeedback:
 
     route = "forwarded"
 
-    def __init__(self, url: str, rating_range: tuple[float, float] | None = None):
-        self.url, self.rating_range = url.rstrip("/"), rating_range
+    def __init__(self, url: str, rating_range: tuple[float, float] | None = None,
+                 timeout: float = ACK_TIMEOUT_S + 5):
+        self.url, self.rating_range, self.timeout = url.rstrip("/"), rating_range, timeout
 
     def relay(self, body: bytes, token: str | None, authorization: str | None) -> tuple[int, dict]:
         import json
         import urllib.error
         import urllib.parse
-        import urllib.request
         query = f"?{urllib.parse.urlencode({'token': token})}" if token is not None else ""
         headers = {"Content-Type": "application/json",
                    **({"Authorization": authorization} if authorization is not None else {})}
         request = urllib.request.Request(f"{self.url}/ratings{query}", data=body, method="POST",
                                          headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=ACK_TIMEOUT_S + 5) as answer:
+            with LOOPBACK.open(request, timeout=self.timeout) as answer:
                 return answer.status, json.loads(answer.read())
         except urllib.error.HTTPError as exc:   # the learner's refusal (401, 403, 409, 422, ...)
             try:
                 return exc.code, json.loads(exc.read() or b"{}")
             except ValueError:
                 return exc.code, {"detail": str(exc.reason)}
-        except (OSError, ValueError) as exc:   # the learner is gone or hung: nothing was taken
-            return 503, {"detail": f"the learner did not answer ({type(exc).__name__}); nothing "
-                                   "was taken, send the ratings again"}
+        except (OSError, ValueError) as exc:
+            if isinstance(getattr(exc, "reason", exc), ConnectionRefusedError):   # never sent
+                return 503, {"detail": "the learner is not listening (ConnectionRefusedError); "
+                                       "nothing was taken, send the ratings again"}
+            # sent, then a timeout, a reset or an unreadable answer: the learner may have taken them
+            return 504, {"detail": f"the learner's answer was lost ({type(exc).__name__}); the "
+                                   "ratings may have been taken, check before sending them again"}
 
     def take(self, rows: list[tuple]) -> dict:   # pragma: no cover - the route relays instead
         raise FeedbackRefused(500, "a reader relays the request (ForwardedFeedback.relay)")

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from sketchrec.stream.feedback import ForwardedFeedback, Refusal
+from sketchrec.stream.feedback import LOOPBACK, ForwardedFeedback, Refusal
 from sketchrec.stream.health import Health
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
@@ -238,7 +238,7 @@ class ReplicaService:
         request = urllib.request.Request(f"{self.admin_url}/{verb}", method="POST",
                                          headers={"Authorization": f"Bearer {self.admin_token}"})
         try:
-            with urllib.request.urlopen(request, timeout=60) as answer:
+            with LOOPBACK.open(request, timeout=60) as answer:
                 return json.loads(answer.read())
         except urllib.error.HTTPError as exc:
             detail = json.loads(exc.read() or b"{}").get("detail", exc.reason)

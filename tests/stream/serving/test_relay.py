@@ -1,0 +1,89 @@
+"""A reader's loopback calls to its learner (``ForwardedFeedback.relay``, the admin verbs'
+``ReplicaService._forward``): what they claim when the learner does not answer, and that they
+never go through an HTTP proxy. Stub learners are stdlib HTTP servers on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+from sketchrec.stream.feedback import ForwardedFeedback
+from sketchrec.stream.serving.workers.reader import ReplicaService
+
+
+@contextlib.contextmanager
+def stub(release: threading.Event | None = None):
+    """A server that records each request's path and body and answers 200 ``{"learned": 1}``,
+    after ``release`` is set when one is given (a learner slower than the relay's bound)."""
+    seen: list[tuple[str, bytes]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append((self.path, self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+            if release is not None:
+                release.wait(10)
+            body = json.dumps({"learned": 1}).encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:   # the relay gave up and closed
+                pass
+
+        do_GET = do_POST
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        if release is not None:
+            release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_a_relay_timeout_says_the_ratings_may_have_been_taken():
+    release = threading.Event()
+    with stub(release) as (url, seen):
+        status, answer = ForwardedFeedback(url, timeout=0.3).relay(b'[{"user": 1, "item": 2, "rating": 4}]',
+                                                                   None, None)
+        release.set()
+    assert len(seen) == 1                      # the learner did get them
+    assert status == 504
+    assert "may have been taken" in answer["detail"] and "send the ratings again" not in answer["detail"]
+
+
+def test_only_a_refused_connection_says_nothing_was_taken():
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    status, answer = ForwardedFeedback(f"http://127.0.0.1:{port}").relay(b"[]", None, None)
+    assert status == 503 and "nothing was taken" in answer["detail"]
+
+
+def test_loopback_calls_ignore_an_http_proxy(monkeypatch):
+    with stub() as (proxy, via_proxy), stub() as (learner, seen):
+        monkeypatch.setenv("http_proxy", proxy)
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.setattr(urllib.request, "_opener", None)   # a default opener reads them afresh
+        assert urllib.request.urlopen(urllib.request.Request(learner, method="POST"), timeout=5).status == 200
+        assert len(via_proxy) == 1 and not seen   # the broken variant: the default opener goes via it
+        via_proxy.clear()
+
+        status, _ = ForwardedFeedback(learner).relay(b"[]", "user-token", "Bearer user")
+        ReplicaService._forward(SimpleNamespace(admin_url=learner, admin_token="admin"), "pause")
+        assert status == 200
+        assert not via_proxy and [path for path, _ in seen] == ["/ratings?token=user-token", "/pause"]
