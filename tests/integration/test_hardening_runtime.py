@@ -366,7 +366,8 @@ def test_rate_limiting_never_sleeps_a_negative_time(monkeypatch):
     import confluent_kafka
     clock = iter(np.arange(0, 1e3, 0.00075))
     monkeypatch.setattr(producer_module, "time", types.SimpleNamespace(
-        perf_counter=lambda: float(next(clock)), sleep=time.sleep))
+        perf_counter=lambda: float(next(clock)), sleep=time.sleep, process_time=time.process_time,
+        monotonic=time.monotonic))
     monkeypatch.setattr(producer_module, "ensure_topic", lambda *a: False)
     monkeypatch.setattr(confluent_kafka, "Producer", _FakeProducer)
     assert produce(_ratings(40), "x:1", "t", rate=1000.0)["ratings"] == 40
