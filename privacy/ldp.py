@@ -70,6 +70,28 @@ def parse_header(value: bytes) -> dict | None:
         return None
 
 
+MIXED = {"mechanism": "mixed"}   # an origin whose ratings came under more than one mechanism
+MIXED_LINE = ("none claimed as one epsilon: the ratings came perturbed on the device by different "
+              "local-DP mechanisms (see the messages' sketchrec-ldp headers), so no single "
+              "mechanism covers them all and predictions are not mapped back")
+
+
+def combine(recorded: dict | None, mechanism: dict | None) -> dict | None:
+    """The mechanism an origin records once ``mechanism`` is seen after ``recorded``: the one
+    known when they agree (or one is None), else ``MIXED``, never the last one seen (its epsilon
+    would be claimed for ratings perturbed under another).
+
+    >>> eight = {"mechanism": "BoundedLaplace", "epsilon": 8.0, "range": [1.0, 5.0]}
+    >>> combine(None, eight) == combine(eight, dict(eight)) == combine(eight, None) == eight
+    True
+    >>> combine(eight, {**eight, "epsilon": 0.5})
+    {'mechanism': 'mixed'}
+    """
+    if recorded is None or mechanism is None or recorded == mechanism:
+        return mechanism if recorded is None else recorded
+    return dict(MIXED)
+
+
 # FORMAT_RANGES (sketchrec.data): each format's declared scale; a format without one has no
 # default: its range must be declared, never guessed (clamping 0.5 to 1 is a bias)
 

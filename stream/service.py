@@ -14,7 +14,7 @@ from sketchrec.models.registry import MODELS
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.audit import real_rows
 from sketchrec.privacy.keys import key_local_ids
-from sketchrec.privacy.ldp import LDPSettings
+from sketchrec.privacy.ldp import MIXED, MIXED_LINE, LDPSettings, combine
 from sketchrec.privacy.mode import PrivacyMode
 from sketchrec.privacy.release import service_mode
 from sketchrec.privacy.report import privacy_figures, versus_private_mean
@@ -163,11 +163,13 @@ class LearningService:
         figures["epsilon_budget"] = self.budget
         figures.update(self._versus_private_mean())   # exact: withheld by the release in DP
         mech = self.origin.get("mechanism")
-        if mech and not self.origin["raw"] and figures["mode"] == "non-private":
+        mixed = mech == MIXED
+        if mech and not mixed and not self.origin["raw"] and figures["mode"] == "non-private":
             figures.update(LDPSettings.from_mechanism(mech).figures())  # every rating came perturbed
         if self.origin["perturbed_on_device"] or self.origin["raw"]:
             figures["local_dp"] = {**self.origin, "debiased": self.recommender.debias is not None,
-                                   "server_saw_raw_ratings": self.origin["raw"] > 0}
+                                   "server_saw_raw_ratings": self.origin["raw"] > 0,
+                                   **({"guarantee": MIXED_LINE} if mixed else {})}
         return figures
 
     @property
@@ -185,8 +187,9 @@ class LearningService:
             return
         self.origin["perturbed_on_device"] += n_ratings
         key_local_ids(self.recommender.model)
-        if self.origin["mechanism"] != mechanism:
-            self.origin["mechanism"] = mechanism
+        combined = combine(self.origin["mechanism"], mechanism)
+        if self.origin["mechanism"] != combined:
+            self.origin["mechanism"] = combined
             self.apply_ldp_debias()
 
     def record_audit(self, audit: dict | None) -> None:
@@ -197,9 +200,10 @@ class LearningService:
     def apply_ldp_debias(self) -> None:
         """With ``debias_ldp``: map predictions back through the recorded mechanism's mean."""
         mech = self.origin["mechanism"]
-        if self.debias_ldp and mech and mech["mechanism"] == "BoundedLaplace":
+        if self.debias_ldp and mech:   # a mixed origin has no one map: an earlier one is dropped
             from sketchrec.privacy.ldp import Debias
-            self.recommender.debias = Debias(mech["epsilon"], *mech["range"])
+            self.recommender.debias = (Debias(mech["epsilon"], *mech["range"])
+                                       if mech["mechanism"] == "BoundedLaplace" else None)
 
     def begin_private_pass(self, unit: str, delta: float, budget: float | None) -> bool:
         """For a DP-SGD model: account one more pass over the stream before learning from it

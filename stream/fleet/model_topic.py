@@ -63,6 +63,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sketchrec.models.metrics import ErrorStats
+from sketchrec.privacy.ldp import combine
 from sketchrec.stream.health import log_event
 
 HEADER = "sketchrec.delta"
@@ -153,8 +154,7 @@ class FleetState:
         origin = meta.get("origin") or {}
         for key in ("perturbed_on_device", "raw"):
             self.origin[key] += int(origin.get(key, 0))
-        if origin.get("mechanism"):
-            self.origin["mechanism"] = origin["mechanism"]
+        self.origin["mechanism"] = combine(self.origin["mechanism"], origin.get("mechanism"))
         self.seen[meta.get("member")] = meta.get("seq", 0)
         self.position = offset + 1
 

@@ -78,12 +78,11 @@ class FleetService(LearningService):
         """Count a message's ratings for this member's next delta. Never draws an id key (as one
         learner does on its first perturbed rating): a member's own key would orphan what the
         others learn; a local-DP fleet's key comes with its first snapshot."""
-        from sketchrec.privacy.ldp import HEADER, parse_header
+        from sketchrec.privacy.ldp import HEADER, combine, parse_header
         named = dict(headers or []).get(HEADER)
         mechanism = parse_header(named) if named is not None else None
         self.pending_origin["raw" if mechanism is None else "perturbed_on_device"] += n_ratings
-        if mechanism is not None:
-            self.pending_origin["mechanism"] = mechanism
+        self.pending_origin["mechanism"] = combine(self.pending_origin["mechanism"], mechanism)
 
     def take_origin(self) -> dict:
         """The counts of ``record_origin`` since the last take (for a delta's header)."""
