@@ -143,7 +143,7 @@ class FleetLearner(KafkaLearner):
         for chunk in self._chunks(records):
             if self.fenced is not None or self.stop.is_set():
                 return  # the rest is consumed again by whoever resumes from the published offsets
-            if self.refusal is None and not self._keyed_by_user(chunk):
+            if self.refusal is None and not (self._keyed_by_user(chunk) and self._ids_keyed_for(chunk)):
                 self.stop.set()   # nothing of the chunk learned: a fleet of this topic is refused
                 log_event("refused", logging.ERROR, error=self.refusal)
                 return
@@ -185,6 +185,26 @@ class FleetLearner(KafkaLearner):
                         f"user in one partition); partition {tp.partition} offset {msg.offset} is "
                         f"keyed {key!r}, its ratings' users differ; produce the topic with "
                         "`sketchrec produce` (keyed by user), or use --dp-unit rating")
+                    return False
+        return True
+
+    def _ids_keyed_for(self, chunk: dict) -> bool:
+        """Whether ``chunk``'s perturbed messages (an LDP header) meet a model keying ids, as one
+        learner keys them on its first one: a fleet keys ids in its first snapshot (--ldp-debias),
+        never one member alone (its own key would orphan the others' learning). Otherwise
+        ``refusal`` says so in one line: nothing is learned under the public hash and an LDP claim."""
+        from sketchrec.privacy.keys import id_keys_of
+        from sketchrec.privacy.ldp import HEADER as LDP
+        if id_keys_of(self.service.recommender.model).keyed:
+            return True
+        for tp, messages in chunk.items():
+            for msg in messages:
+                if any(name == LDP for name, _ in msg.headers or ()):
+                    self.refusal = (
+                        f"partition {tp.partition} offset {msg.offset} came perturbed on the device "
+                        "(a sketchrec-ldp header), and this fleet's ids use the public hash; a "
+                        "local-DP topic is learned by a fleet started with --ldp-debias (a new "
+                        "--model-topic)")
                     return False
         return True
 
