@@ -25,7 +25,7 @@ CANARY_PREFIX = "__canary__"
 def audit_p_value(epsilon: float, delta: float, m: int, r: int, v: int) -> float:
     """p(eps, delta) = P[Binom(r, q) >= v] + alpha * delta * 2m, q = e^eps / (1 + e^eps), with
     alpha = max_{1 <= i <= v} P[v - i <= Binom(r, q) < v] / i (anchors §5)."""
-    # scipy.stats takes ~1 s to import; only a replay's closing audit (main thread, after learning)
+    # scipy.stats is slow to import; only a replay's closing audit (main thread, after learning)
     # needs it, not every consumer, server and reader process that imports real_rows
     from scipy.stats import binom
 

@@ -1,4 +1,4 @@
-"""Issue 19, runtime half: poison messages, checkpoint faults, commit failures, pause and stop,
+"""Production under faults, runtime half: poison messages, checkpoint faults, commit failures, pause and stop,
 the producer across an outage. Each test failed before its fix (the docstring says how)."""
 
 import errno

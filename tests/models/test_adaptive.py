@@ -1,4 +1,5 @@
-"""Issue 22: AdaGrad steps in sketches, the damped bias baseline, the Hedge combination."""
+"""The tuning-free default's parts: AdaGrad steps in sketches, the damped bias baseline, the
+Hedge combination."""
 
 import numpy as np
 import pytest

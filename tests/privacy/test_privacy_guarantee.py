@@ -1,4 +1,4 @@
-"""Issue 18: every privacy guarantee true against an adversary who knows everything released.
+"""Every privacy guarantee true against an adversary who knows everything released.
 
 Fresh noise, the release vs operator-state line, access control, public model shape, the named
 neighbouring relation, the ledger under the checkpoint's checksum, and LDP's declared range.

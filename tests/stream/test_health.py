@@ -1,4 +1,4 @@
-"""Issue 19 on the endpoint: health that reflects readiness and the broker, the admin token, and
+"""Production under faults, on the endpoint: health that reflects readiness and the broker, the admin token, and
 the small protocol fixes (JSON 400s, short 422s, no path in /stats, blank ids)."""
 
 import argparse
