@@ -290,6 +290,8 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
         body = view[start:] if codec == RAW else b"".join((head, tail))
         if crc is not None and zlib.crc32(body) != crc:
             raise ValueError("checksum mismatch")
+        if version == VERSION and not _self_checked(body):
+            raise ValueError("a version-3 delta's body carries no checksum of its own")
         header, arrays = serial.unpack(body, _KIND)
         header["member"], header["seq"], header["items"]  # noqa: B018 (required fields)
     except ValueError as exc:
@@ -297,6 +299,17 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     except Exception as exc:  # zstd/zlib/json/struct errors on damaged bytes
         raise ValueError(f"corrupt model delta: {type(exc).__name__}: {exc}") from None
     return header, arrays
+
+
+def _self_checked(body) -> bool:
+    """Whether a delta's body is a frame whose header closes with a CRC-32 (``frame.encode`` with
+    its checksum): the version-3 envelope keeps none of its own, so a body without one (a null
+    crc32, or a frame of the layout before) would otherwise be read unchecked."""
+    if len(body) < 8:
+        return False
+    (hlen,) = struct.unpack("<I", body[4:8])
+    closing = b', "crc32": "'   # then 8 hex digits and '"}': the header's last 22 bytes
+    return 8 + hlen <= len(body) and bytes(body[8 + hlen - 22:8 + hlen]).startswith(closing)
 
 
 def _encode(header: dict, arrays: dict[str, np.ndarray], compress: str) -> bytes:

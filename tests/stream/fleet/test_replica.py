@@ -177,6 +177,37 @@ def test_a_model_topic_written_before_version_2_is_still_read(stream):
         tc.apply(old[:-30])   # a damaged old one is refused as a new one is
 
 
+def test_a_version_3_delta_without_its_body_checksum_is_refused(stream, monkeypatch):
+    """The version-3 envelope keeps no CRC: its body's frame must. A body framed without one (as
+    a forger or a buggy writer could) is refused; with the check skipped (the broken variant) a
+    flipped float in such a body is applied without a word."""
+    import struct
+
+    from sketchrec import frame
+    from sketchrec.sketches import serial
+    from sketchrec.stream.fleet import tracker
+    users, items, ratings = stream
+    a = recommender()
+    ta = DeltaTracker(a)
+    a.learn_many(users[:200], items[:200], ratings[:200])
+    genuine = ta.take()
+    header, arrays = decode(genuine)
+    body = bytearray(frame.encode(serial.MAGIC, {"kind": "ModelDelta", "params": header}, arrays,
+                                  checksum=False))
+    body[-3] ^= 0xFF   # a byte of the last array (a float row, left raw)
+    unchecked = b"SKRD" + struct.pack("<BBI", tracker.VERSION, tracker.RAW, len(body)) + bytes(body)
+    fresh = DeltaTracker(recommender())
+    before = fresh.state_digest()
+    with pytest.raises(ValueError, match="no checksum"):
+        fresh.apply(unchecked)
+    assert fresh.state_digest() == before
+    honest = DeltaTracker(recommender())
+    honest.apply(genuine)
+    monkeypatch.setattr(tracker, "_self_checked", lambda body: True)
+    fresh.apply(unchecked)   # read unchecked: the flipped byte is now in the replica
+    assert fresh.state_digest() != honest.state_digest()
+
+
 def test_half_precision_deltas_are_smaller_and_lose_nothing_after_a_flush(stream):
     users, items, ratings = stream
     replicas = {p: (recommender(), recommender()) for p in ("float32", "float16")}
