@@ -216,7 +216,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for(url: str, timeout: float = 60.0) -> httpx.Response:
+def _wait_for(url: str, timeout: float = 180.0) -> httpx.Response:
+    # a bound on waiting, not a speed claim: a served replay's interpreter start on a machine
+    # loaded by a parallel suite once took over 60 s
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
