@@ -39,15 +39,16 @@ def private_service():
     return LearningService(Recommender(model, pair_capacity=50_000, seed=0, monitor=monitor))
 
 
-def learn(service, stop, passes=7, pause=0.15):
+def learn(service, stop, turn, passes=7, pause=0.15):
     """A stream replayed pass after pass, each accounted before it is learned, as `consume` does;
-    it ends when the budget refuses a pass."""
+    it ends when the budget refuses a pass. ``turn()`` is waited on before each batch."""
     data = SyntheticStream(n_ratings=3000, n_users=200, n_items=150, seed=1).all()
     for _ in range(passes):
         if not service.begin_private_pass("rating", 1e-5, BUDGET):
             service.record_skipped({"privacy budget spent": len(data)})
             return
         for batch in data.batches(500):
+            turn()
             if stop.is_set():
                 return
             predictions = service.recommender.learn_many(batch.users, batch.items, batch.ratings)
@@ -56,12 +57,36 @@ def learn(service, stop, passes=7, pause=0.15):
         service.record_skipped({"missing fields": 2})
 
 
+class Learner(threading.Thread):
+    """The learning thread, free-running unless paced: ``pace_by_polls()`` makes it take one batch
+    per ``step()`` (the test steps it once per dashboard poll it sees, so however slow the machine,
+    the page sees the service learn batch by batch, not only its end); ``run_free()`` ends that."""
+
+    def __init__(self, service, stop):
+        super().__init__(target=learn, args=(service, stop, self.turn), daemon=True)
+        self.steps, self.paced, self.stop = threading.Semaphore(0), threading.Event(), stop
+
+    def pace_by_polls(self):
+        self.paced.set()
+
+    def step(self):
+        self.steps.release()
+
+    def run_free(self):
+        self.paced.clear()
+        self.steps.release()
+
+    def turn(self):
+        while self.paced.is_set() and not self.stop.is_set() and not self.steps.acquire(timeout=0.1):
+            pass
+
+
 @pytest.fixture(scope="module")
 def served():
     service, stop = private_service(), threading.Event()
     app = create_app(service, ADMIN)   # a DP service: access control and the release line are on
     server = ServerThread(app, "127.0.0.1", 0).start()
-    learner = threading.Thread(target=learn, args=(service, stop), daemon=True)  # started by the test
+    learner = Learner(service, stop)   # started by the test
     yield f"http://127.0.0.1:{server.port}", service, learner
     stop.set()
     if learner.ident is not None:
@@ -107,8 +132,9 @@ def browser():
         chromium.close()
 
 
-def wait_until(page, predicate: str, timeout: float) -> None:
-    """Poll `predicate` (a JavaScript expression or arrow function) until it is truthy.
+def wait_until(page, predicate: str, timeout: float, each=None) -> None:
+    """Poll `predicate` (a JavaScript expression or arrow function) until it is truthy, calling
+    ``each()`` (if given) between tries.
 
     Not Playwright's wait_for_function: that evaluates its predicate with eval() inside the page,
     which the dashboard's Content-Security-Policy (script-src 'self') rightly forbids.
@@ -116,6 +142,8 @@ def wait_until(page, predicate: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not page.evaluate(predicate):
         assert time.monotonic() < deadline, f"not true within {timeout} s: {predicate}"
+        if each is not None:
+            each()
         time.sleep(0.1)
 
 
@@ -152,13 +180,25 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     page.goto(base + "/#token=" + ADMIN)   # the operator: exact figures come from /admin/privacy
     wait_until(page, "window.dashboard.polls >= 1", timeout=10)
     assert "token" not in page.url      # taken out of the address bar
-    learner.start()  # once the page watches: a slow machine then still sees it learn
+    # once the page watches, one batch per poll it makes: a slow machine still sees it learn
+    learner.pace_by_polls()
+    learner.start()
+    seen = [page.evaluate("window.dashboard.polls")]
+
+    def step_on_a_new_poll():
+        polls = page.evaluate("window.dashboard.polls")
+        if polls > seen[0]:
+            seen[0] = polls
+            learner.step()
+
     # the charts fill while the service learns: several points of RMSE, KLD, epsilon and rate
     wait_until(page, """() => {
         const c = window.dashboard && window.dashboard.charts, some = (id, k) =>
             c && c[id] && c[id].data[k].filter(x => x !== null && x > 0).length >= 2;
         return some("c-rmse", 1) && some("c-kld", 2) && some("c-eps", 1) && some("c-rate", 1)
-            && some("c-mem", 1) && some("c-eps", 2) && some("c-kld", 3); }""", timeout=30)
+            && some("c-mem", 1) && some("c-eps", 2) && some("c-kld", 3); }""", timeout=120,
+               each=step_on_a_new_poll)
+    learner.run_free()
     learner.join(timeout=60)
     assert not learner.is_alive() and service.budget_stopped     # learning ended: figures now still
     polls = page.evaluate("window.dashboard.polls")
