@@ -24,7 +24,9 @@ the service's one way in.
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
@@ -42,6 +44,29 @@ BUDGET_SPENT = "privacy budget spent"
 # A reader reaches its learner on loopback only. urllib's default opener honours http_proxy even
 # for 127.0.0.1, which would hand users' tokens and ratings to a proxy: this opener has none.
 LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def loopback_call(request: urllib.request.Request, timeout: float) -> tuple[int, dict]:
+    """Send ``request`` to a process on loopback (``LOOPBACK``: no proxy) and return its (status,
+    JSON answer). An HTTP error is an answer too: its status and its JSON body (or its reason as
+    ``detail`` when the body is not JSON). A request that got no answer raises (``OSError``), and so
+    does a success whose body is not JSON (``ValueError``): the caller decides what each means.
+
+    Examples
+    --------
+    >>> loopback_call(urllib.request.Request("http://127.0.0.1:1/"), 1)   # nothing listens there
+    Traceback (most recent call last):
+    ...
+    urllib.error.URLError: <urlopen error [Errno 111] Connection refused>
+    """
+    try:
+        with LOOPBACK.open(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:   # the other process's refusal (401, 403, 409, 507, ...)
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {"detail": str(exc.reason)}
 
 
 class FeedbackRefused(Exception):
@@ -108,8 +133,6 @@ class ForwardedFeedback:
         self.url, self.rating_range, self.timeout = url.rstrip("/"), rating_range, timeout
 
     def relay(self, body: bytes, token: str | None, authorization: str | None) -> tuple[int, dict]:
-        import json
-        import urllib.error
         import urllib.parse
         query = f"?{urllib.parse.urlencode({'token': token})}" if token is not None else ""
         headers = {"Content-Type": "application/json",
@@ -117,13 +140,7 @@ class ForwardedFeedback:
         request = urllib.request.Request(f"{self.url}/ratings{query}", data=body, method="POST",
                                          headers=headers)
         try:
-            with LOOPBACK.open(request, timeout=self.timeout) as answer:
-                return answer.status, json.loads(answer.read())
-        except urllib.error.HTTPError as exc:   # the learner's refusal (401, 403, 409, 422, ...)
-            try:
-                return exc.code, json.loads(exc.read() or b"{}")
-            except ValueError:
-                return exc.code, {"detail": str(exc.reason)}
+            return loopback_call(request, self.timeout)   # the learner's answer, refusals included
         except (OSError, ValueError) as exc:
             if isinstance(getattr(exc, "reason", exc), ConnectionRefusedError):   # never sent
                 return 503, {"detail": "the learner is not listening (ConnectionRefusedError); "
@@ -131,9 +148,6 @@ class ForwardedFeedback:
             # sent, then a timeout, a reset or an unreadable answer: the learner may have taken them
             return 504, {"detail": f"the learner's answer was lost ({type(exc).__name__}); the "
                                    "ratings may have been taken, check before sending them again"}
-
-    def take(self, rows: list[tuple]) -> dict:   # pragma: no cover - the route relays instead
-        raise FeedbackRefused(500, "a reader relays the request (ForwardedFeedback.relay)")
 
 
 class DirectFeedback:

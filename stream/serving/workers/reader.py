@@ -26,13 +26,12 @@ import socket
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import replace
 
 import numpy as np
 
-from sketchrec.stream.feedback import LOOPBACK, ForwardedFeedback, Refusal
+from sketchrec.stream.feedback import ForwardedFeedback, Refusal, loopback_call
 from sketchrec.stream.health import Health
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
@@ -237,14 +236,11 @@ class ReplicaService:
     def _forward(self, verb: str) -> dict:
         request = urllib.request.Request(f"{self.admin_url}/{verb}", method="POST",
                                          headers={"Authorization": f"Bearer {self.admin_token}"})
-        try:
-            with LOOPBACK.open(request, timeout=60) as answer:
-                return json.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            detail = json.loads(exc.read() or b"{}").get("detail", exc.reason)
-            if exc.code == 507:
-                raise OSError(detail) from None
-            raise RuntimeError(detail) from None
+        status, answer = loopback_call(request, 60)
+        if status >= 400:   # the learner's refusal, raised as its own process would raise it
+            detail = answer.get("detail", f"the learner answered {status}")
+            raise (OSError if status == 507 else RuntimeError)(detail)
+        return answer
 
     def pause(self) -> None:
         self._forward("pause")

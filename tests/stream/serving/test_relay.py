@@ -5,21 +5,23 @@ never go through an HTTP proxy. Stub learners are stdlib HTTP servers on free lo
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
+import pytest
+
 from sketchrec.stream.feedback import ForwardedFeedback
 from sketchrec.stream.serving.workers.reader import ReplicaService
 
 
 @contextlib.contextmanager
-def stub(release: threading.Event | None = None):
-    """A server that records each request's path and body and answers 200 ``{"learned": 1}``,
-    after ``release`` is set when one is given (a learner slower than the relay's bound)."""
+def stub(release: threading.Event | None = None, status: int = 200, body: bytes = b'{"learned": 1}'):
+    """A server that records each request's path and body and answers ``status`` with ``body``
+    (200 ``{"learned": 1}``), after ``release`` is set when one is given (a learner slower than the
+    relay's bound)."""
     seen: list[tuple[str, bytes]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -27,9 +29,8 @@ def stub(release: threading.Event | None = None):
             seen.append((self.path, self.rfile.read(int(self.headers.get("Content-Length") or 0))))
             if release is not None:
                 release.wait(10)
-            body = json.dumps({"learned": 1}).encode()
             try:
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -87,3 +88,19 @@ def test_loopback_calls_ignore_an_http_proxy(monkeypatch):
         ReplicaService._forward(SimpleNamespace(admin_url=learner, admin_token="admin"), "pause")
         assert status == 200
         assert not via_proxy and [path for path, _ in seen] == ["/ratings?token=user-token", "/pause"]
+
+
+@pytest.mark.parametrize("status, body, raised, detail", [
+    (507, b'{"detail": "no space left for the checkpoint"}', OSError, "no space left for the checkpoint"),
+    (409, b'{"detail": "paused already"}', RuntimeError, "paused already"),
+    (500, b"<html>oops</html>", RuntimeError, "Internal Server Error"),
+])
+def test_the_learners_refusals_reach_the_reader_as_its_own_process_would_raise_them(status, body, raised,
+                                                                                     detail):
+    with stub(status=status, body=body) as (learner, seen):
+        reader = SimpleNamespace(admin_url=learner, admin_token="admin")
+        with pytest.raises(raised, match=detail):
+            ReplicaService._forward(reader, "checkpoint")
+        relayed, answer = ForwardedFeedback(learner).relay(b"[]", None, None)
+    assert [path for path, _ in seen] == ["/checkpoint", "/ratings"]
+    assert relayed == status and answer["detail"] == detail   # a relay hands the refusal on as it came
