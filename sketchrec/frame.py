@@ -111,9 +111,21 @@ def encode(magic: bytes, header: dict, parts: Mapping[str, Part], checksum: bool
 
 
 def decode(blob: Part, magic: bytes, what: str,
-           legacy: Callable[[dict], list] | None = None) -> Frame:
+           legacy: Callable[[dict], list] | None = None, require_crc: bool = False) -> Frame:
     """Read a frame of kind ``magic``; ``what`` names the blob in errors. ``legacy`` turns a
-    version-1 header (written before this module) into today's part list."""
+    version-1 header (written before this module) into today's part list. ``require_crc``: a
+    frame without a CRC-32 of its own (a null ``crc32``, or version 1) is refused, for a caller
+    that keeps no digest of its own (the fleet's deltas); otherwise it is read unchecked.
+
+    >>> unchecked = encode(b"DEMO", {}, {"note": b"hi"}, checksum=False)
+    >>> decode(unchecked, b"DEMO", "demo blob").parts["note"]
+    b'hi'
+    >>> try:
+    ...     decode(unchecked, b"DEMO", "demo blob", require_crc=True)
+    ... except FrameError as refused:
+    ...     print(refused)
+    demo blob: the frame carries no checksum (crc32 null or absent), and one is required
+    """
     view = memoryview(blob).cast("B")
     if bytes(view[:4]) != magic or view.nbytes < 8:
         raise FrameError(f"{what}: not a {magic.decode(errors='replace')} frame (bad magic)")
@@ -140,6 +152,9 @@ def decode(blob: Part, magic: bytes, what: str,
     else:
         raise FrameError(f"{what}: frame version {version!r}; this sketchrec reads version {VERSION}"
                          + (" and 1" if legacy else ""))
+    if require_crc and (version != VERSION or header["crc32"] is None):
+        raise FrameError(f"{what}: the frame carries no checksum (crc32 null or absent), and one "
+                         "is required")
     body = view[8 + hlen:]
     parts = _take(body, specs, what)
     if version == VERSION and header["crc32"] is not None:
@@ -160,23 +175,23 @@ def _take(body: memoryview, specs, what: str) -> dict:
         raise FrameError(f"{what}: corrupt frame header (no part list)")
     parts, pos = {}, 0
     for spec in specs:
-        name, dtype, shape, size = _checked(spec, what)
+        name, dtype, shape, count, size = _checked(spec, what)
         if pos + size > body.nbytes:
             raise FrameError(f"{what}: truncated frame (part {name!r} needs {size} bytes, "
                              f"{body.nbytes - pos} left)")
         if dtype is None:
             parts[name] = bytes(body[pos:pos + size])
         else:   # read in place, then copied once (a slice of the bytes would be a second copy)
-            parts[name] = np.frombuffer(body, dtype, int(np.prod(shape, dtype=np.int64)),
-                                        pos).reshape(shape).copy()
+            parts[name] = np.frombuffer(body, dtype, count, pos).reshape(shape).copy()
         pos += size
     if pos != body.nbytes:
         raise FrameError(f"{what}: {body.nbytes - pos} bytes after the frame's last part")
     return parts
 
 
-def _checked(spec, what: str) -> tuple[str, np.dtype | None, tuple, int]:
-    """(name, dtype or None for bytes, shape, bytes) of one part's header entry."""
+def _checked(spec, what: str) -> tuple[str, np.dtype | None, tuple, int, int]:
+    """(name, dtype or None for bytes, shape, elements, bytes) of one part's header entry (the
+    elements counted here, not by ``np.prod``: a small frame's read is mostly per-part costs)."""
     try:
         name = spec["name"]
         if not isinstance(name, str):
@@ -185,17 +200,17 @@ def _checked(spec, what: str) -> tuple[str, np.dtype | None, tuple, int]:
             size = spec["length"]
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise ValueError
-            return name, None, (), size
+            return name, None, (), size, size
         dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
         if dtype.kind not in _KINDS or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
                                            for n in shape):
             raise ValueError
     except (KeyError, TypeError, ValueError):
         raise FrameError(f"{what}: corrupt frame header (part {spec!r:.80})") from None
-    size = dtype.itemsize
+    count = 1
     for n in shape:
-        size *= n
-    return name, dtype, shape, size
+        count *= n
+    return name, dtype, shape, count, count * dtype.itemsize
 
 
 _NPZ = b"PK\x03\x04"   # an ``np.savez`` archive (a zip) begins so; a frame never does

@@ -216,7 +216,13 @@ class DeltaTracker:
     def _popular_moved(self) -> None:
         self._rerank = True
         if time.monotonic() - self._reranked_at >= RERANK_S:
-            self.settle()
+            # not settle(): the held slots' full refresh keeps its own schedule (ready), and a
+            # refresh at every re-rank as well was a large part of a member's takes and applies
+            self._rerank_popular()
+
+    def _rerank_popular(self) -> None:
+        rerank_popular(self.rec)
+        self._rerank, self._reranked_at = False, time.monotonic()
 
     def ready(self) -> None:
         """Refresh the held slots if a take left them stale (cheap otherwise): what a caller
@@ -230,8 +236,7 @@ class DeltaTracker:
         applied the same deltas and settled hold the same state and list the same popular items."""
         self._model.ready(full=True)
         if self._rerank:
-            rerank_popular(self.rec)
-            self._rerank, self._reranked_at = False, time.monotonic()
+            self._rerank_popular()
 
     # --- checks -------------------------------------------------------------------------------------
     def state_digest(self) -> str:
@@ -290,26 +295,19 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
         body = view[start:] if codec == RAW else b"".join((head, tail))
         if crc is not None and zlib.crc32(body) != crc:
             raise ValueError("checksum mismatch")
-        if version == VERSION and not _self_checked(body):
-            raise ValueError("a version-3 delta's body carries no checksum of its own")
-        header, arrays = serial.unpack(body, _KIND)
+        if version == VERSION:   # the envelope keeps no checksum: the body's frame must
+            got = frame.decode(body, serial.MAGIC, f"{_KIND} blob", require_crc=True)
+            if got.header.get("kind") != _KIND:
+                raise ValueError(f"blob holds a {got.header.get('kind')}, not a {_KIND}")
+            header, arrays = got.header.get("params", {}), got.parts
+        else:
+            header, arrays = serial.unpack(body, _KIND)
         header["member"], header["seq"], header["items"]  # noqa: B018 (required fields)
     except ValueError as exc:
         raise ValueError(f"corrupt model delta: {exc}") from None
     except Exception as exc:  # zstd/zlib/json/struct errors on damaged bytes
         raise ValueError(f"corrupt model delta: {type(exc).__name__}: {exc}") from None
     return header, arrays
-
-
-def _self_checked(body) -> bool:
-    """Whether a delta's body is a frame whose header closes with a CRC-32 (``frame.encode`` with
-    its checksum): the version-3 envelope keeps none of its own, so a body without one (a null
-    crc32, or a frame of the layout before) would otherwise be read unchecked."""
-    if len(body) < 8:
-        return False
-    (hlen,) = struct.unpack("<I", body[4:8])
-    closing = b', "crc32": "'   # then 8 hex digits and '"}': the header's last 22 bytes
-    return 8 + hlen <= len(body) and bytes(body[8 + hlen - 22:8 + hlen]).startswith(closing)
 
 
 def _encode(header: dict, arrays: dict[str, np.ndarray], compress: str) -> bytes:

@@ -203,7 +203,8 @@ def test_a_version_3_delta_without_its_body_checksum_is_refused(stream, monkeypa
     assert fresh.state_digest() == before
     honest = DeltaTracker(recommender())
     honest.apply(genuine)
-    monkeypatch.setattr(tracker, "_self_checked", lambda body: True)
+    unrequired = frame.decode   # the broken variant: the frame's CRC not required
+    monkeypatch.setattr(frame, "decode", lambda *args, require_crc=False, **kw: unrequired(*args, **kw))
     fresh.apply(unchecked)   # read unchecked: the flipped byte is now in the replica
     assert fresh.state_digest() != honest.state_digest()
 
