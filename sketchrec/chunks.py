@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sketchrec.formats import Layout
+from sketchrec.line_fields import decimal_block
 
 MAX_ID_LENGTH = 256
 BLOCK_BYTES = 2 << 20        # bytes of text per block a parse converts at once
@@ -63,7 +64,9 @@ def text_blocks(path: str | Path, codec: str | None, skip: int, dropped: list[in
 def split_block(lines: pa.Array, layout: Layout, interned: dict | None = None) -> Block:
     """A block of lines: split, fields converted, bad rows set aside by reason (text ids through
     ``interned``: see ``settle_ids``)."""
-    n = len(lines)
+    fast = decimal_block(lines, layout.sep, layout.width, layout.index)
+    if fast is not None:   # plain decimal lines: one compiled pass (sketchrec.line_fields)
+        return Block(*fast, [], lambda r: _text(lines, r))
     parts = pc.split_pattern(lines, pattern=layout.sep)
     counts = pc.list_value_length(parts).to_numpy(zero_copy_only=False)
     rejected: list[tuple[str, np.ndarray]] = []
