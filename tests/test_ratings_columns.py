@@ -2,7 +2,10 @@
 numpy's stable argsort and unique give, on every kind of column."""
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from sketchrec.radix import radix_order
 from sketchrec.ratings import Ratings, n_distinct, stable_order
 
 
@@ -13,12 +16,26 @@ def _stamp_columns():
             rng.integers(-2**61, 2**61, 3_000),                  # too wide to pack: numpy's sort
             np.array([2**63 + 5, 2**63 + 1, 2**63 + 5], dtype=np.uint64),
             np.array([5, 3, 5, 3], dtype=np.int32),
+            np.array([2**31 - 1, -2**31, 0, -2**31], dtype=np.int32),   # the span of int32
+            rng.integers(0, 2**43, 4_000),                       # four radix passes
             np.array([3.5, 1.25, 3.5]), np.array([9]), np.array([], dtype=np.int64)]
 
 
 def test_the_time_order_is_numpys_stable_order():
     for stamps in _stamp_columns():
         assert stable_order(stamps).tolist() == np.argsort(stamps, kind="stable").tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-2**62, 2**62), min_size=2, max_size=200), st.integers(0, 45),
+       st.sampled_from([np.int64, np.uint64]))
+def test_the_radix_order_is_numpys_stable_order(values, span_bits, dtype):
+    keys = np.array([v % (1 << span_bits) for v in values], dtype)   # many ties for small spans
+    order = radix_order(keys)
+    assert (order is not None) == ((int(keys.max()) - int(keys.min())).bit_length() <= 44)
+    assert stable_order(keys).tolist() == np.argsort(keys, kind="stable").tolist()
+    if order is not None:
+        assert order.tolist() == np.argsort(keys, kind="stable").tolist()
 
 
 def test_the_broken_variant_an_unstable_sort_reorders_ties():
