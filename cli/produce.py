@@ -38,7 +38,7 @@ def produce_main(argv: list[str] | None = None) -> int:
     from kafka.errors import KafkaError
 
     from sketchrec.data import read_ratings
-    from sketchrec.stream.kafka.producer import order_for_topic, produce
+    from sketchrec.stream.kafka.producer import produce
     ap = build_parser()
     args = ap.parse_args(argv)
     if not args.path.is_file():
@@ -58,8 +58,9 @@ def produce_main(argv: list[str] | None = None) -> int:
             ap.error(str(exc))
         randomiser = DeviceRandomiser(args.ldp_epsilon, lo, hi)
     data, report = read_ratings(args.path)
+    data.sort_by_time()   # as devices would send them (ties in file order), in place: one copy
     try:
-        result = produce(order_for_topic(data), args.bootstrap, args.topic, args.batch, args.rate,
+        result = produce(data, args.bootstrap, args.topic, args.batch, args.rate,
                          args.partitions, randomiser, compression=args.compression,
                          timeout=args.timeout)
     except KafkaError as exc:

@@ -4,8 +4,9 @@ Messages are keyed by user, so one user's ratings stay in order on one partition
 sends one CSV rating per message; ``batch=N`` sends N ratings of one user-partition per message
 (the batched form, for throughput). ``rate`` caps ratings per second. ``compression`` is the
 codec of the record batches (none, gzip, snappy, lz4, zstd), as production producers set it.
-The messages of a whole file are built at once in compiled code (``sketchrec.csv_lines``) and
-sent through librdkafka (``_client`` says why).
+The messages are built a chunk of runs at a time in compiled code (``sketchrec.csv_lines``) and
+sent through librdkafka (``_client`` says why), whose queue is bounded: a file's text is never
+held whole.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kafka.errors import KafkaError
 from sketchrec.privacy.ldp import HEADER
 from sketchrec.stream.kafka.consumer import kafka_config
 from sketchrec.stream.kafka.messages import _CSV_UNSAFE, encode_batch
+from sketchrec.csv_lines import csv_lines, group_order, text_or_ints
 from sketchrec.data import Ratings
 from sketchrec.ratings import stable_order
 
@@ -81,7 +83,10 @@ def _client(bootstrap: str, compression: str, transactional_id: str | None):
         "enable.idempotence": True,
         "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.size": 1 << 20,
         "message.max.bytes": 16 << 20, "compression.type": compression,
-        "partitioner": "murmur2_random", "queue.buffering.max.messages": 1_000_000,
+        "partitioner": "murmur2_random",
+        # the queue of messages not yet acknowledged: 64 MB, not librdkafka's default of 1 GB
+        # (most of a large file's text); a full queue makes the sender wait for room (``_send``)
+        "queue.buffering.max.messages": 200_000, "queue.buffering.max.kbytes": 64 << 10,
         "logger": log,   # its connection errors through logging, as kafka-python's (not raw stderr)
         **({"transactional.id": transactional_id} if transactional_id else {})})
 
@@ -187,40 +192,81 @@ def _paced(rows: list[tuple], batch: int, rate: float | None, t0: float) -> Iter
 
 def _messages(ratings: Ratings, values: np.ndarray, batch: int) -> Iterator[Message]:
     """The messages ``_paced`` makes without a rate, byte for byte, built a column at a time:
-    every rating's CSV line written in one compiled pass (``sketchrec.csv_lines``), a user's
-    lines cut into runs of ``batch``, and the runs sent in the order ``_paced`` sends them (a
-    full run when its last rating comes, the rest at the end by where they began). Ids holding a
-    comma or a line break (JSON messages), or columns arrow cannot type, take ``_paced``."""
+    the ratings' CSV lines written in compiled passes (``sketchrec.csv_lines``), a user's lines
+    cut into runs of ``batch``, and the runs sent in the order ``_paced`` sends them (a full run
+    when its last rating comes, the rest at the end by where they began). The lines are written
+    for CHUNK_RATINGS ratings of runs at a time, in sending order, so a file's text is never held
+    whole. Ids holding a comma or a line break (JSON messages), or columns arrow cannot type,
+    take ``_paced``."""
     import pyarrow as pa
-    from sketchrec.csv_lines import csv_lines, group_order, text_or_ints
     n = len(ratings)
     users = ratings.users
     try:
         if n == 0 or any(ids.dtype == object and _unsafe(ids) for ids in (users, ratings.items)):
             raise ValueError("a message of JSON")
-        columns = [text_or_ints(col) for col in (users, ratings.items, ratings.timestamps)]
         encoded = pa.array(users).dictionary_encode()    # compiled, for int and text ids alike
+        for column in (users, ratings.items, ratings.timestamps):
+            _check_text(column)   # before the first message: a chunk's text is then written
     except (ValueError, pa.ArrowException):
         yield from _paced(_rows(ratings, values), batch, None, 0.0)
         return
     user_of = encoded.indices.to_numpy(zero_copy_only=False)
     order = group_order(user_of, len(encoded.dictionary))   # each user's ratings together, in order
-    counts = np.bincount(user_of)
-    rank = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)   # within its user
-    starts = np.flatnonzero(rank % batch == 0)                           # a run begins
-    ends = np.append(starts[1:], n)
+    starts = _run_starts(np.bincount(user_of), batch)
+    ends = np.append(starts[1:], n)                      # a run: starts[j]..ends[j] of ``order``
     full = ends - starts == batch
     # _paced sends a full run at its last rating, the others after everything, by first rating
-    sent_at = np.where(full, order[ends - 1], n + order[starts])
+    sending = np.argsort(np.where(full, order[ends - 1], n + order[starts]))   # distinct: stable
     stars = pa.array(values).dictionary_encode()         # a rating's text: one :g per distinct value
-    offsets, data = csv_lines(order, columns[0], columns[1],
-                              stars.indices.to_numpy(zero_copy_only=False),
-                              [f"{r:g}" for r in stars.dictionary.to_pylist()], columns[2])
-    data = memoryview(data)
+    star_of = stars.indices.to_numpy(zero_copy_only=False)
+    star_texts = [f"{r:g}" for r in stars.dictionary.to_pylist()]
     keys = [str(u).encode() for u in encoded.dictionary.to_pylist()]
-    for run in np.argsort(sent_at).tolist():    # distinct values: any sort is the stable one
-        a, b = starts[run], ends[run]
-        yield keys[user_of[order[a]]], bytes(data[offsets[a]:offsets[b] - 1]), int(b - a)
+    lengths = ends - starts
+    for runs in _chunks(sending, lengths):
+        counts = lengths[runs]
+        first = np.cumsum(counts) - counts               # each run's first line in the chunk
+        rows = order[np.repeat(starts[runs] - first, counts) + np.arange(int(counts.sum()))]
+        offsets, data = csv_lines(np.arange(len(rows)), *(text_or_ints(col[rows]) for col in (
+            users, ratings.items)), star_of[rows], star_texts, text_or_ints(ratings.timestamps[rows]))
+        data, bounds = memoryview(data), offsets[np.append(first, len(rows))].tolist()
+        for j, (user, count) in enumerate(zip(user_of[order[starts[runs]]].tolist(), counts.tolist())):
+            yield keys[user], bytes(data[bounds[j]:bounds[j + 1] - 1]), count
+
+
+def _run_starts(counts: np.ndarray, batch: int) -> np.ndarray:
+    """Where each run of ``batch`` ratings of one user begins in the rows grouped by user (users
+    of ``counts`` ratings each, in that order), computed per run, not per rating.
+
+    >>> _run_starts(np.array([3, 0, 5]), 2).tolist()
+    [0, 2, 3, 5, 7]
+    """
+    runs = -(-counts // batch)                           # each user's runs
+    first = np.repeat(np.cumsum(counts) - counts, runs)  # its first row, for each of its runs
+    return first + batch * (np.arange(int(runs.sum())) - np.repeat(np.cumsum(runs) - runs, runs))
+
+
+CHUNK_RATINGS = 1 << 20   # ratings whose lines are written at once (a chunk of runs)
+
+
+def _chunks(sending: np.ndarray, lengths: np.ndarray) -> Iterator[np.ndarray]:
+    """The runs in sending order, cut into chunks of at most CHUNK_RATINGS ratings (a longer run
+    alone)."""
+    ends = np.cumsum(lengths[sending])
+    at = 0
+    while at < len(sending):
+        stop = max(int(np.searchsorted(ends, (ends[at - 1] if at else 0) + CHUNK_RATINGS, "right")), at + 1)
+        yield sending[at:stop]
+        at = stop
+
+
+def _check_text(column: np.ndarray) -> None:
+    """ValueError (or arrow's error) unless ``text_or_ints`` writes any part of ``column``: a
+    float column, ids of mixed types or a missing id (an object column is typed whole)."""
+    import pyarrow as pa
+    if column.dtype != object:
+        text_or_ints(column[:1])
+    elif pa.array(column).null_count:
+        raise ValueError("a missing value has no CSV text")
 
 
 def _unsafe(ids: np.ndarray) -> bool:
