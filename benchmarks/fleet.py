@@ -2,6 +2,7 @@
 
     sketchrec bench fleet [PATH] [--bootstrap HOST:PORT] [--copies 3] [--batch 100] [--probes 50]
                           [--members 1,2,4] [--forms csv,batched] [--json]
+    sketchrec bench fleet --accuracy [PATH] [--members 2,4] [--sync-ratings N] [--json]
 
 For each message form (one CSV rating per message, ``--batch`` ratings per message) the ratings
 file (``--copies`` times, ids offset per copy) is published to a fresh 4-partition topic, then
@@ -274,9 +275,18 @@ def main(argv: list[str] | None = None) -> dict:
                     help="also the sync's CPU per step (learn, take, apply) in one process, no broker")
     ap.add_argument("--json", action="store_true",
                     help="the figures as one JSON line only (the progress lines go to stderr)")
+    ap.add_argument("--accuracy", action="store_true",
+                    help="only the fleet's prequential RMSE over one learner's (default learner and DP at "
+                         "epsilon 1, --members sizes, several streams and seeds), in one process, no broker")
     args = ap.parse_args(argv)
     global say
     say = functools.partial(print, file=sys.stderr) if args.json else print
+    if args.accuracy:
+        from sketchrec.benchmarks.fleet_accuracy import accuracy
+        report = {"accuracy": accuracy(data_file(args.path), members=[m for m in args.members if m > 1],
+                                       every=args.sync_ratings, say=say)}
+        print(json.dumps(report))
+        return report
     broker = None
     if args.bootstrap is None:
         broker, args.bootstrap = _tansu()
