@@ -30,7 +30,7 @@ another member's):
 - the item catalogue: ids first seen since the last take (merged by union); the popular-items
   list is then re-ranked from the catalogue by the merged count-min (deterministic: count, then
   key), so replicas with equal sketches and catalogues list the same items. The re-rank costs
-  O(catalogue): ``take`` and ``apply`` do it at most every ``RERANK_S`` seconds, and ``settle``
+  O(catalogue): ``take`` and ``apply`` do it at most every ``RERANK_S`` CPU-seconds, and ``settle``
   does what is left (a fleet member when idle, a serving replica when it has read the model
   topic to its end, and ``state_digest``).
 
@@ -103,7 +103,10 @@ from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import pair_keys
 
 MAGIC, VERSION = b"SKRD", 3   # 3: no CRC of its own (the frame's); 2: floats not compressed
-RERANK_S = 0.5   # the popular list is re-ranked at most this often by take/apply (see settle)
+# take/apply re-rank the popular list at most once per RERANK_S CPU-seconds of this process (see
+# settle): a wall-clock period made the re-ranks' share of a member's CPU grow with the machine's
+# load (a member given a quarter of a core re-ranked four times as often per rating)
+RERANK_S = 0.5
 RAW, ZSTD, ZLIB = 0, 1, 2
 _KIND = "ModelDelta"
 
@@ -215,14 +218,14 @@ class DeltaTracker:
 
     def _popular_moved(self) -> None:
         self._rerank = True
-        if time.monotonic() - self._reranked_at >= RERANK_S:
+        if time.process_time() - self._reranked_at >= RERANK_S:
             # not settle(): the held slots' full refresh keeps its own schedule (ready), and a
             # refresh at every re-rank as well was a large part of a member's takes and applies
             self._rerank_popular()
 
     def _rerank_popular(self) -> None:
         rerank_popular(self.rec)
-        self._rerank, self._reranked_at = False, time.monotonic()
+        self._rerank, self._reranked_at = False, time.process_time()
 
     def ready(self) -> None:
         """Refresh the held slots if a take left them stale (cheap otherwise): what a caller

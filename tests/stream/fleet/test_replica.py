@@ -251,7 +251,7 @@ def test_an_apply_moves_at_once_the_rows_of_the_held_slots_whose_residuals_it_mo
     serve and learn from rows a full refresh moves by all of the other members' learning."""
     from sketchrec.stream.fleet.deltas import ModelReplica
     from sketchrec.stream.fleet import tracker as replica
-    monkeypatch.setattr(replica, "RERANK_S", 1e9)   # no settle (a full refresh) on a slow machine
+    monkeypatch.setattr(replica, "RERANK_S", 1e9)   # no re-rank: not what is measured here
 
     def lag_and_move() -> tuple[float, float]:
         """How far the held rows an apply moved are from a full refresh, and how far they were
