@@ -21,7 +21,9 @@ measured in one run, so that the ratios hold on a busy machine:
   first to its last learned poll). Every kernel is compiled first, in this process
   (``fleet_cpu.warm_kernels``): a member that compiled while measured would count minutes of
   compiling as sync (the report says ``sources_changed`` when the sources changed during the run),
-- the delta bytes the members published per rating of the stream.
+- the delta bytes the members published per rating of the stream, and the ratings per delta
+  (below the members' sync interval when their ``--sync-ms`` fired first: a member slowed by a
+  loaded machine syncs more often per rating, and its CPU per rating grows with the load).
 
 The last line printed is the report as one JSON object, with ``cpu_per_rating_ratio`` and
 ``delta_bytes_per_rating`` = {"2": ..., "4": ...} (the larger of the two message forms).
@@ -327,10 +329,13 @@ def measure(args: argparse.Namespace) -> dict:
             r["members"][str(m)] = {
                 "ratings_per_s": fleet_rate(reports), "learned": learned,
                 "cpu_us_per_rating": cpu * 1e6, "cpu_per_rating_ratio": cpu / plain_cpu,
-                "delta_bytes_per_rating": sum(rep["published_bytes"] for rep in reports) / n}
+                "delta_bytes_per_rating": sum(rep["published_bytes"] for rep in reports) / n,
+                # below the sync interval when --sync-ms fired first (a member slowed by the load)
+                "ratings_per_delta": n / max(1, max(rep["model_position"] for rep in reports))}
             say(f"{form:18s} M={m}: {r['members'][str(m)]['ratings_per_s']:>9,.0f} ratings/s, "
                 f"{cpu * 1e6:.1f} CPU-us per rating ({cpu / plain_cpu:.2f}x the plain learner's "
-                f"{plain_cpu * 1e6:.1f}), {r['members'][str(m)]['delta_bytes_per_rating']:.1f} delta bytes/rating")
+                f"{plain_cpu * 1e6:.1f}), {r['members'][str(m)]['delta_bytes_per_rating']:.1f} delta bytes/rating, "
+                f"{r['members'][str(m)]['ratings_per_delta']:,.0f} ratings per delta")
         one, two = r["members"].get("1"), r["members"].get("2")
         if one and two:
             r["two_over_one"] = two["ratings_per_s"] / one["ratings_per_s"]
