@@ -95,8 +95,10 @@ def test_default_learner_fleet_kill_9_learns_every_rating_once(kafka_bootstrap, 
         fleet_rmse, single = figures[-1]["prequential_rmse"], single_learner_rmse(data, default_model())
         mark(f"fleet RMSE {fleet_rmse:.5f}, one learner {single:.5f} "
              f"({100 * (fleet_rmse / single - 1):+.2f}%)")
-        # a loose guard (the figure is measured and reported, docs/scaling.md): a merge that
-        # double-counts or drops a member's state moves it by far more
-        assert fleet_rmse == pytest.approx(single, rel=0.03)
+        # the bound is the in-process spread over seeds and sync intervals on streams of this
+        # shape plus a margin for the members' timing (docs/fleet.md, "How close to one
+        # learner"; tests/benchmarks/test_fleet_accuracy.py holds the deterministic comparison):
+        # a merge that double-counts or drops a member's state moves it by far more
+        assert fleet_rmse < 1.02 * single
     finally:
         fleet.stop()
