@@ -133,6 +133,17 @@ def _ratios(report: dict, forms: list[str], sizes: list[int]) -> None:
         report[key] = {str(m): max(report[f]["members"][str(m)][key] for f in forms) for m in sizes if m > 1}
 
 
+def _forms(value: str) -> list[str]:
+    """--forms: a comma-separated list of csv and batched (one line for anything else, which
+    would otherwise be left out of the run without a word)."""
+    forms = value.split(",")
+    unknown = [form for form in forms if form not in ("csv", "batched")]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown message form(s) {', '.join(unknown)}: use csv "
+                                         "(one rating per message) and/or batched (--batch per message)")
+    return forms
+
+
 def _follow_assignments(stderr, held: set, tail: list | None = None) -> None:
     """Keep ``held`` = the partitions a member's log says it holds (and drain its stderr, its
     last lines in ``tail``)."""
@@ -271,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-snapshot", action="store_true", help="skip the snapshot write/restore timing")
     ap.add_argument("--members", type=lambda v: [int(m) for m in v.split(",")], default=[1, 2, 4],
                     help="fleet sizes to run (default 1,2,4)")
-    ap.add_argument("--forms", type=lambda v: v.split(","), default=["csv", "batched"],
+    ap.add_argument("--forms", type=_forms, default=["csv", "batched"],
                     help="message forms to run: csv (one rating per message), batched (--batch per message)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also the sync's CPU per step (learn, take, apply) in one process, no broker")

@@ -39,3 +39,10 @@ def test_the_in_process_breakdown_counts_every_step_of_the_sync():
     assert b["delta_bytes_per_rating"] > 0
     # syncing every 1,000 ratings, two replicas predict about as well as one learner
     assert 0.9 < b["rmse_ratio"] < 1.1
+
+
+def test_an_unknown_message_form_is_refused_in_one_line_not_left_out(capsys):
+    from sketchrec.benchmarks import fleet
+    with pytest.raises(SystemExit):
+        fleet.main(["--forms", "single,batched"])
+    assert "unknown message form(s) single" in capsys.readouterr().err
