@@ -14,7 +14,6 @@ import signal
 import sys
 from typing import Callable
 
-from sketchrec.cli.replay import replay_main as _replay_main
 from sketchrec.extras import from_import_error
 
 # name -> (one line of help, module under sketchrec.cli, its main function)
@@ -51,6 +50,8 @@ def _extras_checked(feature: str, run: Callable[[], int], argv: list[str]) -> in
 
 def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
     """The `replay` console script (``cli.replay.replay_main``; a missing extra: one line, exit 2)."""
+    # imported here, on the main thread: the other commands (a consumer, a server) do not pay for it
+    from sketchrec.cli.replay import replay_main as _replay_main
     argv = sys.argv[1:] if argv is None else argv
     return _extras_checked(prog, lambda: _replay_main(argv, prog=prog), argv)
 
