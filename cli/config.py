@@ -205,10 +205,15 @@ class MonitorSettings:
     def from_args(cls, args: argparse.Namespace) -> "MonitorSettings":
         return cls(not args.no_monitor, args.kld_window, args.kld_alert)
 
-    def build(self, seed: int):
-        """The streaming privacy monitor, or None when turned off."""
+    def build(self, seed: int, read_at_end_of: int | None = None):
+        """The streaming privacy monitor, or None when turned off. ``read_at_end_of``: the
+        ratings of a stream whose figures are read at its end only (no alert threshold either):
+        its probes that a later one replaces are skipped (``replay.monitor``)."""
         if not self.enabled:
             return None
+        if read_at_end_of is not None and self.alert is None:
+            from sketchrec.replay.monitor import EndOfStreamMonitor
+            return EndOfStreamMonitor(read_at_end_of, window=self.window, seed=seed)
         from sketchrec.privacy.monitor import PrivacyMonitor
         return PrivacyMonitor(window=self.window, alert_kld=self.alert, seed=seed)
 

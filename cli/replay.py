@@ -190,9 +190,9 @@ def prepare(config: ReplayConfig, prog: str = "replay") -> Run:
     if ledger is not None and stream and not ledger.begin_pass(dp.stream_multiplier(), config.dp.budget):
         refuse(prog, [f"one pass at noise multiplier {dp.noise_multiplier:.4g} would spend more "
                       f"than --budget-epsilon {config.dp.budget}; raise the budget or the noise"])
-    # the streaming monitor reads prequential errors: meaningful in one pass only (holdout
-    # reports the thesis's train/test KLD instead)
-    monitor = config.monitor.build(config.seed) if stream else None
+    # prequential errors: one pass only (holdout has its KLD); unless served, read at the end
+    served = config.serving.listen or config.serving.checkpoint
+    monitor = config.monitor.build(config.seed, None if served else source.total) if stream else None
     learner, service = model, None
     if config.serving.listen or config.serving.checkpoint:
         from sketchrec.stream.service import FeedingLearner
