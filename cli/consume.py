@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="publish this member's delta every MS milliseconds")
     fleet.add_argument("--sync-ratings", type=int, metavar="N",
                        help="... or after N ratings, whichever comes first (replicas drift apart "
-                       "the more each learns alone: see docs/scaling.md). Default: 2,000 ratings, "
-                       "whatever the fleet's size (a lone member: 10,000)")
+                       "the more each learns alone: see docs/scaling.md). Default: 2,000 ratings "
+                       "over the other members, at least 500 (a lone member: 10,000)")
     fleet.add_argument("--snapshot-seconds", type=float, default=60.0, metavar="S",
                        help="the member holding partition 0 writes a snapshot every S seconds")
     ap.add_argument("--ldp-debias", action="store_true",

@@ -10,8 +10,8 @@ Pace. A member polls large batches (a small poll waits on a fetch round trip) an
 chunks of about ``sync_ratings`` ratings, publishing and reading the model topic between chunks;
 each chunk's offsets are stored as it is learned, so what a delta covers stays exact. A member
 holding every partition is the group's only learner: nothing can drift, so it publishes every
-``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among others, by default, every
-``DRIFT_RATINGS`` ratings (``sync_interval``).
+``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among M members, by default, every
+``DRIFT_RATINGS`` / (M - 1) ratings (``sync_interval``), M re-read at every poll.
 
 Exactly once across the fleet: the model topic is the record of what has been learned. Before a
 member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
@@ -54,22 +54,21 @@ from sketchrec.stream.service import LearningService
 POLL_CHUNKS = 8    # sync-sized chunks per input poll, at most
 ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
 SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
-# Every member syncs every DRIFT_RATINGS ratings by default, whatever the fleet's size: a member
-# learns from a replica lacking about (M - 1) x interval ratings of the others', and an interval
-# of DRIFT_RATINGS / (M - 1) kept that constant but made the applies per rating grow as (M - 1)^2
-# (docs/scaling.md: what each interval costs in RMSE); 5,000 drifted to +3% in a loaded fleet test.
+# A member learns without about (M - 1) x interval of the others' ratings: DRIFT_RATINGS / (M - 1)
+# keeps that constant. A fixed 2,000 at M = 4 halved the sync's CPU, but the members' summed
+# steps overshot (the default learner's capped means, the sketch on sparse streams: docs/fleet.md)
 DRIFT_RATINGS = 2_000
 FEED_WAIT_MS = 1   # among others: after a publish, wait this long for their deltas in flight
 
 
 def sync_interval(members: int) -> int:
     """The default sync interval (ratings of one member) in a fleet of ``members`` learners:
-    ``DRIFT_RATINGS``, or ``ALONE`` x ``SYNC_RATINGS`` for a lone member (module docstring).
+    ``DRIFT_RATINGS`` / (M - 1), at least ``SYNC_RATINGS``; ``ALONE`` x ``SYNC_RATINGS`` alone.
 
     >>> sync_interval(1), sync_interval(2), sync_interval(4)
-    (10000, 2000, 2000)
+    (10000, 2000, 666)
     """
-    return ALONE * SYNC_RATINGS if members <= 1 else max(SYNC_RATINGS, DRIFT_RATINGS)
+    return ALONE * SYNC_RATINGS if members <= 1 else max(SYNC_RATINGS, DRIFT_RATINGS // (members - 1))
 
 
 class FleetLearner(KafkaLearner):
@@ -91,7 +90,7 @@ class FleetLearner(KafkaLearner):
         self.errors, self.skipped_since = ErrorStats(), Counter()
         self.seq, self.bytes_published, self.inflight = 0, 0, []
         self.snapshot_seconds, self.last_snapshot = snapshot_seconds, time.monotonic()
-        self.by_size = sync_ratings is None   # the default interval (_pace, sync_interval)
+        self.by_size = sync_ratings is None   # the interval follows the fleet's size (_pace)
         sync_ratings = sync_ratings or SYNC_RATINGS
         self.sync_ratings = self.chunk_ratings = sync_ratings
         self.alone = False   # holds every partition of the topic (see _pace)
@@ -241,8 +240,8 @@ class FleetLearner(KafkaLearner):
         lacking the others' latest deltas). A member holding every partition of the topic is
         the group's only learner (a zombie's deltas are refused): nothing drifts, so it publishes
         every ALONE x sync_ratings ratings or ``sync_ms``, whichever comes first, and saves most
-        takes. Otherwise, by default, every ``sync_interval`` ratings (re-read at every poll:
-        a rebalance can leave a member alone)."""
+        takes. Otherwise, by default, every ``sync_interval(M)`` ratings, M as this member's
+        share of the partitions suggests (re-read at every poll: a rebalance changes it)."""
         partitions = self.consumer.partitions_for_topic(self.topic) or set()
         held = {tp.partition for tp in self.consumer.assignment()}
         self.alone = bool(partitions) and partitions <= held
@@ -250,7 +249,7 @@ class FleetLearner(KafkaLearner):
         if self.alone:
             every *= ALONE
         elif self.by_size and held:
-            every = max(every, sync_interval(2))
+            every = max(every, sync_interval(-(-len(partitions) // len(held))))
         self.chunk_ratings = self.book.every = every
 
     def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:
