@@ -140,21 +140,105 @@ def own_broker(tmp_path):
         yield broker
 
 
-def compile_kernels() -> None:
+LEARNERS = ("sketch", "adagrad", "dense", "mix")
+
+
+def learner(name: str):
+    """A small learner of each family whose kernels the suite compiles up front."""
+    from sketchrec.models import DenseMF, SketchMF
+    from sketchrec.models.mix import Experts
+    return {"sketch": lambda: SketchMF(dim=4, capacity=16, seed=0),
+            "adagrad": lambda: SketchMF(dim=4, capacity=16, optimizer="adagrad"),
+            "dense": lambda: DenseMF(dim=4), "mix": lambda: Experts(capacity=16)}[name]()
+
+
+def compile_kernels(names: tuple[str, ...] = LEARNERS) -> None:
     """Compile (or load from numba's cache) the learners' kernels: each learner family learns,
     predicts and ranks a few ratings."""
     import numpy as np
 
-    from sketchrec.models import DenseMF, SketchMF
-    from sketchrec.models.mix import Experts
-
     users, items = np.arange(8, dtype=np.int64), np.arange(8, dtype=np.int64)[::-1].copy()
     ratings = np.linspace(1.0, 5.0, 8)
-    for model in (SketchMF(dim=4, capacity=16, seed=0), SketchMF(dim=4, capacity=16, optimizer="adagrad"),
-                  DenseMF(dim=4), Experts(capacity=16)):
+    for name in names:
+        model = learner(name)
         model.learn_many(users, items, ratings)
         model.predict_many(users, items)
         model.score_items(1, items)
+
+
+def consumer_model(options: tuple[str, ...] = ()):
+    """The learner a ``consume`` process builds from these options (none: the default learner)."""
+    from sketchrec.cli.config import ModelSettings
+    from sketchrec.cli.consume import build_parser
+    args = build_parser().parse_args(["--bootstrap", "x", "--topic", "t", *options])
+    return ModelSettings.from_args(args, False).build(args.capacity)
+
+
+def compile_consumer_kernels() -> None:
+    """The kernels every consumer process meets besides its learner's own: the Kafka record and
+    message readers (on a read-only buffer, as a fetched batch is, and on a writable one) and the
+    privacy monitor. None of them is a learner's, so this can run beside ``compile_kernels``."""
+    import numpy as np
+
+    from sketchrec.privacy.monitor import PrivacyMonitor
+    from sketchrec.stream.kafka.fast_records import scan_records
+    from sketchrec.stream.kafka.messages import encode_batch, parse_fast
+
+    parse_fast([encode_batch([(1, 2, 4.0, 0)]), b"1,2,4"])
+    for buf in (np.frombuffer(b"", np.uint8), np.zeros(0, np.uint8)):
+        scan_records(buf, 0, 0)
+    keys, ratings = np.arange(4, dtype=np.uint64), np.linspace(1.0, 5.0, 4)
+    for predictions in (ratings, ratings.astype(np.float32)):
+        PrivacyMonitor(window=8, reservoir=2).observe(None, keys, keys, ratings, predictions)
+
+
+def compile_fleet_kernels() -> None:
+    """A fleet member's kernels beside its learner's: the delta tracker's slots and codec, and the
+    recommender's sketches, over the sketch learner the fleet tests run (whose own kernels
+    ``compile_kernels`` has compiled already: this only loads them)."""
+    import numpy as np
+
+    from sketchrec.stream.fleet.tracker import DeltaTracker
+    from sketchrec.stream.recommender import Recommender
+
+    rng = np.random.default_rng(1)
+    users, items = rng.integers(0, 400, 3000), rng.integers(0, 150, 3000)
+    ratings = rng.integers(1, 6, 3000).astype(np.float64)
+    recs = [Recommender(consumer_model(("--model", "sketch", "--capacity", "6000", "--seed", "3")),
+                        pair_capacity=1000) for _ in range(2)]
+    trackers = [DeltaTracker(rec) for rec in recs]
+    for at, size in ((0, 50), (50, 2950)):   # a take's tracked pass, then its full pass
+        recs[0].learn_many(users[at:at + size], items[at:at + size], ratings[at:at + size])
+        trackers[1].apply(trackers[0].take())
+    for tracker in trackers:
+        tracker.settle()
+    recs[1].predict_many(users[:100], items[:100])
+
+
+def _compile_beside(log: Path) -> None:
+    """Compile every kernel set in two processes at once (the second core is otherwise idle while
+    the controller compiles): this process the sketch learners and the mix, a child the consumer's
+    kernels and the dense learner, then, once the plain sketch's kernels are in the cache (a line
+    on its stdin says so), the fleet's over that sketch. The two never compile different
+    signatures of one kernel at the same time (both would rewrite its cache index)."""
+    import sys
+    child_code = ("import sys; sys.path.insert(0, sys.argv[1]); import conftest; "
+                  "conftest.compile_consumer_kernels(); conftest.compile_kernels(('dense',)); "
+                  "sys.stdin.readline(); conftest.compile_fleet_kernels()")
+    with log.open("wb") as err:
+        child = subprocess.Popen([sys.executable, "-c", child_code, str(Path(__file__).parent)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        compile_kernels(("sketch",))
+        child.stdin.write(b"sketch compiled\n")
+        child.stdin.close()
+        compile_kernels(("adagrad", "mix"))
+    finally:
+        if not child.stdin.closed:
+            child.stdin.close()
+        code = child.wait()
+    if code:
+        raise RuntimeError(f"compiling the kernels failed ({code}): {log.read_text(errors='replace')[-2000:]}")
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
@@ -164,11 +248,56 @@ def pytest_xdist_auto_num_workers(config) -> int:
                       else os.cpu_count() or 1))
 
 
+# The files whose tests take longest in wall time (a broker paused past its timeout, kills and
+# restarts, long streams, the serving benchmark): they start first, dealt across the workers'
+# first shares, so that none of them is left to end the run alone on one core.
+START_FIRST = (
+    "tests/integration/test_chaos.py",
+    "tests/benchmarks/test_bench_serving.py",
+    "tests/cli/test_replay_cli.py",
+    "tests/integration/test_broker_restart.py",
+    "tests/integration/test_fleet.py",
+    "tests/integration/test_fleet_default.py",
+    "tests/integration/test_fleet_private.py",
+    "tests/integration/test_dp_workers.py",
+    "tests/stream/serving/test_dashboard.py",
+    "tests/integration/test_workers.py",
+)
+
+
+def start_first(items: list, workers: int) -> list:
+    """``items`` with START_FIRST's files first in each of ``workers`` consecutive shares (the
+    shares pytest-xdist's worksteal hands its workers: worker k of n takes len // (n - k) of what
+    is left), their files dealt in turn; every other test keeps its place in the order."""
+    rank = {name: i for i, name in enumerate(START_FIRST)}
+    lanes: list[list] = [[] for _ in range(workers)]
+    by_file: dict[str, list] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    for n, name in enumerate(sorted((f for f in by_file if f in rank), key=rank.get)):
+        lanes[n % workers] += by_file[name]
+    rest = [item for item in items if item.nodeid.split("::")[0] not in rank]
+    ordered, at, left = [], 0, len(items)
+    for k, lane in enumerate(lanes):
+        share = max(left // (workers - k), len(lane))
+        ordered += lane + rest[at:at + share - len(lane)]
+        at, left = at + share - len(lane), left - share
+    return ordered + rest[at:]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The longest files start first (``start_first``), on every worker."""
+    items[:] = start_first(items, int(getattr(config, "workerinput", {}).get("workercount", 1)))
+
+
 def pytest_configure(config) -> None:
     """With workers (pytest-xdist), the controller compiles the kernels into numba's cache before
-    any worker starts: otherwise every worker would compile the same kernels at once."""
+    any worker starts: otherwise every worker, and every consumer process a test starts, would
+    compile the same kernels at once."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
-        compile_kernels()
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="sketchrec-compile-") as tmp:
+            _compile_beside(Path(tmp) / "compile.log")
 
 
 @pytest.fixture(scope="session", autouse=True)
