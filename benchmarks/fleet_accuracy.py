@@ -43,15 +43,18 @@ ONE_CHUNK = 10_000   # ratings per learn call of the one learner
 
 def model(kind: str, capacity: int, seed: int, noise_seed: int = 0, epsilon: float = EPSILON):
     """A fresh model of ``kind``: "mix" is the default learner (``Experts`` with its default
-    members, as `consume` builds it without options); "dp" is the sketch with DP-SGD at
+    members, as `consume` builds it without options), "bias" its bias baseline alone; "dp" is the sketch with DP-SGD at
     ``epsilon`` (rating unit, DP defaults) as a fleet member runs it, its noise seeded by
     ``noise_seed`` (reproducible: no guarantee)."""
     from sketchrec.models import SketchMF
     from sketchrec.models.mix import Experts
     if kind == "mix":
         return Experts(capacity=capacity, seed=seed)
+    if kind == "bias":   # mix's first member alone
+        from sketchrec.models.bias_baseline import BiasBaseline
+        return BiasBaseline(capacity=capacity, seed=seed)
     if kind != "dp":
-        raise ValueError(f"kind must be one of {KINDS}")
+        raise ValueError(f"kind must be one of {KINDS} or bias")
     from sketchrec.models.private.dp_sgd import DPConfig
     from sketchrec.privacy.budget import stream_noise_multiplier
     sigma = 0.0 if math.isinf(epsilon) else stream_noise_multiplier(epsilon, DP_DEFAULTS["delta"], 1,
@@ -87,13 +90,17 @@ def one_learner(data: Ratings, kind: str, seed: int = 0) -> float:
     return _rmse(predictions, data)
 
 
-def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int = 0) -> float:
+def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int = 0,
+          paced: bool = True) -> float:
     """The prequential RMSE of a fleet of ``m`` members of ``kind`` over ``data``, each learning
-    and publishing every ``every`` of its own ratings (default: the members' default interval)."""
+    and publishing every ``every`` of its own ratings (default: the members' default interval,
+    shortened as a member's by its hot items, ``stream.fleet.pace``, unless not ``paced``)."""
+    from sketchrec.stream.fleet.pace import HotItems
     from sketchrec.stream.fleet.tracker import DeltaTracker
-    every = every or default_every(m)
+    default = every or default_every(m)
     recs = [_recommender(data, kind, seed) for _ in range(m)]
     trackers = [DeltaTracker(rec, member=f"m{k}") for k, rec in enumerate(recs)]
+    hot = [HotItems(rec, tracker, private=kind == "dp") for rec, tracker in zip(recs, trackers)]
     for k, rec in enumerate(recs):
         # each member's own noise, as fresh entropy gives it (the same seed would draw the same
         # noise at the same fleet-wide step count), set once the tracker has taken the model's
@@ -102,11 +109,13 @@ def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int 
             rec.model.dp = replace(rec.model.dp, debug_noise_seed=1000 * seed + k + 1)
     users, items, ratings = data.users, data.items, data.ratings
     parts = [np.flatnonzero(users.astype(np.int64) % m == k) for k in range(m)]
-    predictions = np.empty(len(data))
-    for start in range(0, max(map(len, parts)), every):
+    predictions, start = np.empty(len(data)), 0
+    while start < max(map(len, parts)):
+        # the rounds are in step here: the shortest interval any member's pace asks for
+        size = min(h.bound(default, m) for h in hot) if paced and every is None else default
         blobs = []
         for rec, tracker, part in zip(recs, trackers, parts):
-            mine = part[start:start + every]
+            mine = part[start:start + size]
             if len(mine):
                 predictions[mine] = rec.learn_many(users[mine], items[mine], ratings[mine])
             blobs.append(tracker.take())
@@ -116,6 +125,7 @@ def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int 
                 if j != k and blob:
                     tracker.apply(blob)
             tracker.ready()
+        start += size
     return _rmse(predictions, data)
 
 

@@ -38,6 +38,7 @@ from collections import Counter
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet import snapshots
+from sketchrec.stream.fleet.pace import HotItems
 from sketchrec.stream.fleet.outage import Outages
 from sketchrec.stream.fleet.replicas import (FleetReplica, TopicSnapshots, ensure_fleet_topics,  # noqa: F401
                                              model_producer, new_member_id, open_replica, rebuild,
@@ -49,7 +50,6 @@ from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.health import log_event
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.service import LearningService
-
 
 POLL_CHUNKS = 8    # sync-sized chunks per input poll, at most
 ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
@@ -93,7 +93,7 @@ class FleetLearner(KafkaLearner):
         self.by_size = sync_ratings is None   # the interval follows the fleet's size (_pace)
         sync_ratings = sync_ratings or SYNC_RATINGS
         self.sync_ratings = self.chunk_ratings = sync_ratings
-        self.alone = False   # holds every partition of the topic (see _pace)
+        self.alone, self.hot = False, HotItems(service.recommender, self.tracker, service.fleet.dp is not None)
         self.per_message: float | None = None   # ratings per input message, as measured
         self.max_poll = max_poll_records
         self.fenced: Exception | None = None
@@ -240,8 +240,8 @@ class FleetLearner(KafkaLearner):
         lacking the others' latest deltas). A member holding every partition of the topic is
         the group's only learner (a zombie's deltas are refused): nothing drifts, so it publishes
         every ALONE x sync_ratings ratings or ``sync_ms``, whichever comes first, and saves most
-        takes. Otherwise, by default, every ``sync_interval(M)`` ratings, M as this member's
-        share of the partitions suggests (re-read at every poll: a rebalance changes it)."""
+        takes. Otherwise, by default, every ``sync_interval(M)`` ratings, M as this member's share
+        of the partitions suggests (re-read at every poll), shortened where hot items need it (pace)."""
         partitions = self.consumer.partitions_for_topic(self.topic) or set()
         held = {tp.partition for tp in self.consumer.assignment()}
         self.alone = bool(partitions) and partitions <= held
@@ -249,7 +249,8 @@ class FleetLearner(KafkaLearner):
         if self.alone:
             every *= ALONE
         elif self.by_size and held:
-            every = max(every, sync_interval(-(-len(partitions) // len(held))))
+            members = -(-len(partitions) // len(held))
+            every = self.hot.bound(max(every, sync_interval(members)), members)
         self.chunk_ratings = self.book.every = every
 
     def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:

@@ -54,3 +54,20 @@ def test_a_dp_fleet_is_close_to_one_dp_learner_at_the_same_epsilon():
     ratios = [fleet_accuracy.fleet_vs_one(SyntheticStream(30_000, n_users=2000, n_items=750, seed=s).all(),
                                           "dp", 2, seed=s)["ratio"] for s in range(3)]
     assert np.mean(ratios) < 1.04 and max(ratios) < 1.05, ratios
+
+
+def test_four_members_paced_by_their_hot_items_do_not_diverge():
+    """Four members of the bias baseline on a Zipf-skewed stream: at a fixed interval the
+    members' summed steps overshoot on the popular items and grow every round (the broken
+    variant); with the interval bounded by the hottest item's steps (stream.fleet.pace) the
+    fleet stays close to one learner."""
+    data = SyntheticStream(30_000, n_users=2000, n_items=750, seed=0).all()
+    one = fleet_accuracy.one_learner(data, "bias", 0)
+    assert fleet_accuracy.fleet(data, "bias", 4, 666, seed=0, paced=False) / one > 1.5
+    assert fleet_accuracy.fleet(data, "bias", 4, seed=0) / one < 1.04
+
+
+def test_four_members_of_the_default_learner_paced_stay_close_to_one_learner():
+    data = SyntheticStream(60_000, n_users=4000, n_items=1500, seed=0).all()
+    one = fleet_accuracy.one_learner(data, "mix", 0)
+    assert fleet_accuracy.fleet(data, "mix", 4, seed=0) / one < 1.025
