@@ -35,3 +35,13 @@ def test_chunks_cover_the_runs_in_sending_order(monkeypatch):
     sending = np.array([6, 0, 2, 1, 5, 3, 4])   # 40, 3 | 120 (alone: longer) | 50 | 60, 1, 1
     chunks = [c.tolist() for c in producer._chunks(sending, lengths)]
     assert chunks == [[6, 0], [2], [1], [5, 3, 4]]
+
+
+def test_the_send_queue_is_bounded(monkeypatch):
+    """librdkafka's own default queue (1 GB) would hold the messages the chunks no longer do."""
+    import confluent_kafka
+    seen: dict = {}
+    monkeypatch.setattr(confluent_kafka, "Producer", lambda config: seen.update(config))
+    producer._client("127.0.0.1:9", "none", None)
+    assert seen["queue.buffering.max.kbytes"] * 1024 <= 64 << 20
+    assert seen["queue.buffering.max.messages"] <= 200_000
