@@ -71,3 +71,21 @@ def test_four_members_of_the_default_learner_paced_stay_close_to_one_learner():
     data = SyntheticStream(60_000, n_users=4000, n_items=1500, seed=0).all()
     one = fleet_accuracy.one_learner(data, "mix", 0)
     assert fleet_accuracy.fleet(data, "mix", 4, seed=0) / one < 1.025
+
+
+def test_bench_fleet_accuracy_runs_in_process_and_prints_its_report(monkeypatch, capsys, ml100k):
+    """`sketchrec bench fleet --accuracy` starts no broker: it hands the fleet sizes (more than
+    one member) and the interval to the harness and prints its report as the last line."""
+    import json
+    from sketchrec.benchmarks import fleet
+    asked = {}
+
+    def accuracy(path, members, every, say):
+        asked.update(path=path, members=members, every=every)
+        return {"mix": {"2": {"all": {"mean": 1.0}}}}
+    monkeypatch.setattr(fleet_accuracy, "accuracy", accuracy)
+    monkeypatch.setattr(fleet, "_tansu", lambda: pytest.fail("a broker was started"))
+    fleet.main(["--accuracy", "--members", "1,2,4", "--sync-ratings", "700", "--json", str(ml100k)])
+    assert asked == {"path": ml100k, "members": [2, 4], "every": 700}
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {
+        "accuracy": {"mix": {"2": {"all": {"mean": 1.0}}}}}
