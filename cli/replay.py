@@ -8,7 +8,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from sketchrec.cli.fetch import resolve_data
 from sketchrec.cli.feedback import replay_feedback
 from sketchrec.cli.serving import serve_until_interrupted, start_server
 from sketchrec.cli.source import Source, add_data_args, open_source, path_problem, scale_free
+from sketchrec.replay.batches import hashed_once, rss_mb, sample_rss, with_canaries
 
 if TYPE_CHECKING:  # the run's parts, imported when a command needs them
     from sketchrec.models.private.dp_sgd import DPConfig
@@ -32,7 +33,6 @@ if TYPE_CHECKING:  # the run's parts, imported when a command needs them
     from sketchrec.stream.service import LearningService
 
 SYNTHETIC = {"ratings": 500_000, "users": 10_000, "items": 3_000}
-RSS_EVERY = 1_000_000  # ratings between two samples of the process's resident memory
 
 
 def build_parser(prog: str = "replay") -> argparse.ArgumentParser:
@@ -252,6 +252,8 @@ def execute(run: Run) -> dict:
         batches = run.source.batches
         if run.canaries is not None:
             batches = with_canaries(batches, run.canaries, run.source.total, config.seed)
+        elif _hashes_as_wrapped(run):   # each id hashed once: the keys the learner would make
+            batches = hashed_once(batches, run.source.data)
         with ProgressBar(run.source.total, config.quiet, f"{config.model.kind} prequential") as show:
             from sketchrec.replay.curve import default_window
             from sketchrec.replay.protocols import prequential
@@ -259,6 +261,15 @@ def execute(run: Run) -> dict:
                                  config.speed, config.evaluation.window or default_window(run.source.total),
                                  _topn(run))
     return _finish(run, result, rss)
+
+
+def _hashes_as_wrapped(run: Run) -> bool:
+    """Whether batches of the ids' public keys reach the learner as its ids would: a monitored
+    learner (models.wrapped.Wrapped hashes a batch's ids, and takes keys as they are) under the
+    public hash, with nothing that reads a batch's ids (top-N, canaries)."""
+    from sketchrec.models.wrapped import Wrapped
+    inner = getattr(run.learner, "learner", run.learner)   # through ScaleFree
+    return isinstance(inner, Wrapped) and not inner.id_keys.keyed and run.config.evaluation.topn is None
 
 
 def _topn(run: Run):
@@ -358,43 +369,3 @@ def _params(run: Run) -> dict:
             **({"optimizer": s.optimizer, "implicit": model.implicit} if s.kind == "sketch" else {}),
             **({"sgld": s.sgld, "clip_loss": s.clip_loss, "skipped_by_clip_loss": model.n_skipped_clip,
                 "skipped_diverged": model.n_skipped_diverged} if s.kind != "river" else {})}
-
-
-def with_canaries(batches: Iterable[Ratings], canaries, total: int, seed: int) -> Iterator[Ratings]:
-    """The stream with the included audit canaries inserted at random positions."""
-    users, items, ratings = canaries.training_part()
-    at = np.sort(np.random.default_rng(seed + 11).integers(0, max(total, 1), len(ratings)))
-    seen, c = 0, 0
-    for batch in batches:
-        end = seen + len(batch)
-        take = np.flatnonzero((at >= seen) & (at < end)) if c < len(at) else np.empty(0, dtype=np.int64)
-        if len(take):
-            pos = at[take] - seen  # insert each canary at its position; the stream keeps its order
-            stamp = batch.timestamps[np.minimum(pos, len(batch) - 1)] if len(batch) else np.zeros(len(take))
-            batch = Ratings(np.insert(batch.users.astype(object), pos, users[take]),
-                            np.insert(batch.items.astype(object), pos, items[take]),
-                            np.insert(batch.ratings, pos, ratings[take]),
-                            np.insert(batch.timestamps, pos, stamp))
-            c += len(take)
-        seen = end
-        yield batch
-
-
-def sample_rss(batches: Iterable[Ratings], total: int, into: list) -> Iterator[Ratings]:
-    """The batches unchanged; appends (ratings seen, resident MB) to ``into`` every RSS_EVERY
-    ratings and at the end."""
-    seen = 0
-    for batch in batches:
-        yield batch
-        before, seen = seen, seen + len(batch)
-        if seen // RSS_EVERY > before // RSS_EVERY or seen == total:
-            into.append((seen, round(rss_mb(), 1)))
-
-
-def rss_mb() -> float:
-    """The process's resident memory in MB (NaN where /proc is missing)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return float("nan")
