@@ -12,7 +12,8 @@ Latent vectors start from a deterministic hash-derived uniform draw (std ``init_
 stored random cells: the sketch holds only what was learned, a new id gets its own starting
 vector, and the dense and sketch learners start from identical points.
 
-The sketch learner's kernels take its parameters as one ``models.storage.FactorStore``.
+The sketch learner's kernels take its parameters as one ``models.storage.FactorStore``; its learning
+loop is ``models._learn``'s, which inlines the helpers here.
 
 The loops run sequentially (true SGD order) with the GIL released, so a concurrent reader can
 query the model while it learns; a reader may see a vector mid-update but never a NaN.
@@ -25,11 +26,9 @@ from numba import njit
 
 from sketchrec.sketches.count_sketch import gather_mean, locate
 from sketchrec.sketches.hashing import mix64, unit_interval
-from sketchrec.models._adaptive import (ADAGRAD, ADAGRAD_ID, adagrad_id_scale, adagrad_scale, adopt,
-                                        sum_squares)
-from sketchrec.models.heavy_filter import find, touch
-from sketchrec.models.implicit import implicit_step, implicit_sum, remember, row_of
-from sketchrec.models._writes import write_plain, write_slot_or_cells
+from sketchrec.models._adaptive import sum_squares
+from sketchrec.models.heavy_filter import find
+from sketchrec.models.implicit import implicit_sum, row_of
 from sketchrec.models.storage import ITEM, USER
 
 # positions in the hyper-parameter vector handed to the kernels
@@ -202,118 +201,6 @@ def unpack(store):
     keys, families, counts, vectors = store.heavy
     return (store.cells, store.bias_cells, salts[USER], salts[ITEM], bias_salts[USER],
             bias_salts[ITEM], init_salts[USER], init_salts[ITEM], keys, families, counts, vectors)
-
-
-def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
-    """Sequential SGD over a batch on a ``FactorStore``; out_pred[n] is the prediction made before
-    rating n was learned. With hp[OPTIMIZER] other than SGD the steps are AdaGrad's (per
-    coordinate or per id), its sums in ``acc`` (``models._adaptive.Accumulators``).
-
-    Ids holding a heavy-filter slot (``store.heavy``, see models.heavy_filter) are read and
-    written there; every rating first counts its user and item in the filter.
-
-    The kernel takes the sums as the argument of the optimizer that runs and None for the other:
-    numba drops the branches of a None argument before compiling, so a run compiles the steps of
-    its optimizer only (a kernel per optimizer used); likewise the implicit term's history (None
-    when the term is off) and SGLD's noisy writes (None without a temperature)."""
-    mode = int(hp[OPTIMIZER])
-    imp = store.implicit if store.implicit.owners.shape[0] > 0 else None   # the term is on
-    sgld = hp if hp[SGLD_TAU] > 0.0 else None   # SGLD's noisy writes
-    _learn(store, acc if mode == ADAGRAD else None, acc if mode == ADAGRAD_ID else None, imp, sgld,
-           ukeys, ikeys, ratings, hp, stats, counters, out_pred)
-
-
-@njit(nogil=True, cache=True)
-def _learn(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, stats, counters,
-           out_pred):
-    # the user's and the item's reads, sightings, steps and writes are each written once, in loops
-    # over the sides (the user's first: the order the results depend on): numba types and lowers
-    # that code once instead of once per side or per write, which was most of a first run's compile
-    (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
-     fkeys, ffamilies, fcounts, fvectors) = unpack(store)
-    k, sketched = salts_u.shape
-    d = init_u.shape[0]
-    au, ai = np.empty((k, sketched), dtype=np.int64), np.empty((k, sketched), dtype=np.int64)
-    su, si = np.empty((k, sketched)), np.empty((k, sketched))
-    abu, abi = np.empty((k, 1), dtype=np.int64), np.empty((k, 1), dtype=np.int64)
-    sbu, sbi = np.empty((k, 1)), np.empty((k, 1))
-    p, q, p0, q0, z, pz = np.empty(d), np.empty(d), np.empty(d), np.empty(d), np.empty(d), np.empty(d)
-    dp, dq, dbu, dbi, b = np.empty(d), np.empty(d), np.empty(1), np.empty(1), np.empty(1)
-    sides = ((salts_u, bsalts_u, init_u, au, su, abu, sbu, p, p0),
-             (salts_i, bsalts_i, init_i, ai, si, abi, sbi, q, q0))
-    # the four writes in their order: user vector, item vector, user bias, item bias
-    zero = np.int64(0)
-    writes = ((cells, zero, au, su, abu, dp), (cells, zero, ai, si, abi, dq),
-              (bias_cells, d, abu, sbu, abu, dbu), (bias_cells, d, abi, sbi, abi, dbi))
-    slots, was, bias = np.empty(2, dtype=np.int64), np.empty(2, dtype=np.int64), np.empty(2)
-    tau = hp[SGLD_TAU]
-    noise_std = np.sqrt(k * hp[LR] * tau) if tau > 0.0 else 0.0
-    slot_noise_std = np.sqrt(hp[LR] * tau) if tau > 0.0 else 0.0
-    exchange = np.empty(d + 1)
-    clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
-    for n in range(ukeys.shape[0]):
-        clock += _ONE
-        keys = (ukeys[n], ikeys[n])
-        for s in range(2):
-            salts, bsalts, init, addr, sign, baddr, bsign, vec, start = sides[s]
-            slots[s] = read_id(cells, salts, init, fkeys, ffamilies, fcounts, fvectors, keys[s], s,
-                               hp[INIT_STD], addr, sign, vec, start)
-            bias[s] = read_bias_of(bias_cells, bsalts, fvectors, slots[s], keys[s], baddr, bsign, b)
-        row, held = -1, 0
-        if imp is not None:
-            row = row_of(imp, ukeys[n], False)
-            held = implicit_sum(imp, row, z) if row >= 0 else 0
-        if held:  # the user's whole vector, summed as the predicting kernels sum it
-            for l in range(d):
-                pz[l] = p[l] + z[l]
-        pred = mean_of(stats) + bias[USER] + bias[ITEM] + dot(pz if held else p, q)
-        out_pred[n] = clip_to_range(pred, stats)
-        # count the sightings after the prediction, which is then exactly what predict_many
-        # returns beforehand; an id admitted now takes its step in its new slot
-        was[0], was[1] = slots[0], slots[1]
-        for s in range(2):
-            salts, bsalts, init, addr, sign, baddr, bsign, vec, start = sides[s]
-            slots[s] = touch(fkeys, ffamilies, fcounts, fvectors, store, keys[s], s, slots[s], clock,
-                             addr, sign, baddr, bsign, exchange)
-            o = 1 - s   # the other side: when this id took its slot, it is in the sketch now
-            if slots[o] >= 0 and slots[o] == slots[s]:
-                osalts, obsalts, _, oaddr, osign, obaddr, obsign, _, _ = sides[o]
-                slots[o] = locate_in_sketch(cells, bias_cells, osalts, obsalts, keys[o], oaddr, osign,
-                                            obaddr, obsign)
-            if slots[s] >= 0 and slots[s] != was[s]:
-                if per_coordinate is not None:
-                    adopt(per_coordinate, ADAGRAD, slots[s], addr, baddr)
-                if per_id is not None:
-                    adopt(per_id, ADAGRAD_ID, slots[s], addr, baddr)
-        take, step_u, step_i = step_or_skip(pred - ratings[n], p, q, bias[USER], bias[ITEM], hp,
-                                            counters, dp, dq)
-        if not take:
-            continue
-        if held:  # the item's step follows the user's whole vector p + z; z's own, the y's
-            for l in range(d):
-                dq[l] -= hp[LR] * (pred - ratings[n]) * z[l]
-            if imp is not None:   # always, when held
-                implicit_step(imp, row, held, pred - ratings[n], q, hp[IMPLICIT_LR], hp[IMPLICIT_REG])
-        if imp is not None:
-            remember(imp, row, ukeys[n], ikeys[n])
-        dbu[0], dbi[0] = step_u, step_i
-        for w in range(4):
-            # AdaGrad scales a step from its own sums only, so each write may follow its scaling
-            target, offset, addr, sign, baddr, delta = writes[w]
-            slot = slots[w % 2]
-            if per_coordinate is not None:
-                adagrad_scale(per_coordinate.cells if w < 2 else per_coordinate.bias_cells,
-                              per_coordinate.heavy, slot, offset, addr, delta, hp[LR], hp[ACC0])
-            if per_id is not None:
-                adagrad_id_scale(per_id.cells if w < 2 else per_id.bias_cells, per_id.heavy, slot,
-                                 w // 2, baddr, delta, hp[LR], hp[ACC0])
-            if sgld is None:   # pruned before compiling when the argument is None (see sketch_learn)
-                write_plain(target, fvectors, slot, offset, addr, sign, delta)
-            else:
-                write_slot_or_cells(target, fvectors, slot, offset, addr, sign, delta, noise_std,
-                                    slot_noise_std)
-        record_rating(stats, ratings[n])
-        counters[LEARNED] += 1
 
 
 @njit(inline="always", cache=True)

@@ -10,8 +10,8 @@ import numpy as np
 from sketchrec import frame
 from sketchrec.models import steps as step_rules
 from sketchrec.models._adaptive import Accumulators
-from sketchrec.models._sgd import (LEARNED, TOTAL, sketch_factors, sketch_learn, sketch_predict,
-                                   sketch_score)
+from sketchrec.models._learn import sketch_learn
+from sketchrec.models._sgd import LEARNED, TOTAL, sketch_factors, sketch_predict, sketch_score
 from sketchrec.models.base import ITEM, LOCAL, SLOTS, USER, FactorizationModel
 from sketchrec.models.private.dp_sgd import DPConfig, NoisyStepper
 from sketchrec.models.heavy_filter import HeavyFilter, slot_bytes
