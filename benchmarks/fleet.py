@@ -357,7 +357,7 @@ def measure(args: argparse.Namespace) -> dict:
     if forms:
         _ratios(report, forms, args.members)
     if args.breakdown:
-        from sketchrec.stream.fleet.member import sync_interval
+        from sketchrec.stream.fleet.pace import sync_interval
         report["in_process"] = {}
         for m in (m for m in args.members if m > 1):   # at the members' default interval
             every = args.sync_ratings or sync_interval(m)

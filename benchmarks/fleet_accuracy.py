@@ -6,7 +6,7 @@ a claim like "within 1 %" is a mean and a spread, not one run.
 The fleet is ``m`` replicas of one recommender (``DeltaTracker``), each learning the ratings of its
 users (user id mod ``m``: a topic keyed by user gives a member whole users), as a member does: a
 chunk of ``every`` of its own ratings in one call (``every``: the members' default sync interval,
-``member.sync_interval``), then it takes its delta and refreshes its held slots; once every member
+``pace.sync_interval``), then it takes its delta and refreshes its held slots; once every member
 has, each applies the others' deltas. One learner learns the stream in calls of ``ONE_CHUNK``
 ratings (a plain `consume` learns a poll at a time). Each rating's prediction is the one made
 before it was learned, by whoever learned it.
@@ -65,10 +65,11 @@ def model(kind: str, capacity: int, seed: int, noise_seed: int = 0, epsilon: flo
                     seed=seed, dp=dp)
 
 
-def default_every(m: int) -> int:
-    """The members' default sync interval (ratings of one member per take) in a fleet of ``m``."""
-    from sketchrec.stream.fleet.member import sync_interval
-    return sync_interval(m)
+def default_every(m: int, kind: str = "default") -> int:
+    """The members' default sync interval (ratings of one member per take) in a fleet of ``m``
+    (a DP model's: whole noisy batches)."""
+    from sketchrec.stream.fleet.pace import sync_interval
+    return sync_interval(m, DP_DEFAULTS["batch"] if kind == "dp" else None)
 
 
 def _recommender(data: Ratings, kind: str, seed: int):
@@ -97,7 +98,7 @@ def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int 
     shortened as a member's by its hot items, ``stream.fleet.pace``, unless not ``paced``)."""
     from sketchrec.stream.fleet.pace import HotItems
     from sketchrec.stream.fleet.tracker import DeltaTracker
-    default = every or default_every(m)
+    default = every or default_every(m, kind)
     recs = [_recommender(data, kind, seed) for _ in range(m)]
     trackers = [DeltaTracker(rec, member=f"m{k}") for k, rec in enumerate(recs)]
     hot = [HotItems(rec, tracker, private=kind == "dp") for rec, tracker in zip(recs, trackers)]

@@ -38,7 +38,7 @@ from collections import Counter
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet import snapshots
-from sketchrec.stream.fleet.pace import HotItems
+from sketchrec.stream.fleet.pace import ALONE, SYNC_RATINGS, HotItems, noisy_batch, sync_interval
 from sketchrec.stream.fleet.outage import Outages
 from sketchrec.stream.fleet.replicas import (FleetReplica, TopicSnapshots, ensure_fleet_topics,  # noqa: F401
                                              model_producer, new_member_id, open_replica, rebuild,
@@ -52,23 +52,7 @@ from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.service import LearningService
 
 POLL_CHUNKS = 8    # sync-sized chunks per input poll, at most
-ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
-SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
-# A member learns without about (M - 1) x interval of the others' ratings: DRIFT_RATINGS / (M - 1)
-# keeps that constant. A fixed 2,000 at M = 4 halved the sync's CPU, but the members' summed
-# steps overshot (the default learner's capped means, the sketch on sparse streams: docs/fleet.md)
-DRIFT_RATINGS = 2_000
 FEED_WAIT_MS = 1   # among others: after a publish, wait this long for their deltas in flight
-
-
-def sync_interval(members: int) -> int:
-    """The default sync interval (ratings of one member) in a fleet of ``members`` learners:
-    ``DRIFT_RATINGS`` / (M - 1), at least ``SYNC_RATINGS``; ``ALONE`` x ``SYNC_RATINGS`` alone.
-
-    >>> sync_interval(1), sync_interval(2), sync_interval(4)
-    (10000, 2000, 666)
-    """
-    return ALONE * SYNC_RATINGS if members <= 1 else max(SYNC_RATINGS, DRIFT_RATINGS // (members - 1))
 
 
 class FleetLearner(KafkaLearner):
@@ -94,6 +78,7 @@ class FleetLearner(KafkaLearner):
         sync_ratings = sync_ratings or SYNC_RATINGS
         self.sync_ratings = self.chunk_ratings = sync_ratings
         self.alone, self.hot = False, HotItems(service.recommender, self.tracker, service.fleet.dp is not None)
+        self.dp_batch = noisy_batch(service.recommender.model, service.fleet.dp)   # whole noisy steps
         self.per_message: float | None = None   # ratings per input message, as measured
         self.max_poll = max_poll_records
         self.fenced: Exception | None = None
@@ -250,7 +235,7 @@ class FleetLearner(KafkaLearner):
             every *= ALONE
         elif self.by_size and held:
             members = -(-len(partitions) // len(held))
-            every = self.hot.bound(max(every, sync_interval(members)), members)
+            every = self.hot.bound(max(every, sync_interval(members, self.dp_batch)), members)
         self.chunk_ratings = self.book.every = every
 
     def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:

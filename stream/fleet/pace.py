@@ -1,4 +1,5 @@
-"""How often a fleet member must sync when some items are rated far more often than others.
+"""How often a fleet member syncs: the default interval (``sync_interval``, whole noisy batches for a
+DP-SGD model: ``noisy_batch``), and shorter when some items are rated far more often than others.
 
 Replicas add the members' changes. A rule that moves an id part of the way to its target at every
 rating (the bias baseline's capped running mean moves it by 1/32 of its error, an SGD or AdaGrad
@@ -29,6 +30,12 @@ from __future__ import annotations
 
 import numpy as np
 
+ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
+SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
+# A member learns without about (M - 1) x interval of the others' ratings: DRIFT_RATINGS / (M - 1)
+# keeps that constant. A fixed 2,000 at M = 4 halved the sync's CPU, but the members' summed
+# steps overshot (the default learner's capped means, the sketch on sparse streams: docs/fleet.md)
+DRIFT_RATINGS = 2_000
 HOT_STEPS = 32   # about the bias baseline's horizon + 1 + damping: its running mean's length
 FLOOR = 100      # ratings: the shortest interval the bound sets
 
@@ -70,3 +77,30 @@ class HotItems:
         if self.private or members < 3 or self.rate is None:
             return every
         return int(min(every, max(FLOOR, HOT_STEPS / members / self.rate)))
+
+
+def sync_interval(members: int, dp_batch: int | None = None) -> int:
+    """The default sync interval (ratings of one member) in a fleet of ``members`` learners:
+    ``DRIFT_RATINGS`` / (M - 1), at least ``SYNC_RATINGS``; ``ALONE`` x ``SYNC_RATINGS`` alone.
+    A DP-SGD model (``dp_batch``: ratings per noisy step) syncs every ``DRIFT_RATINGS`` whatever M,
+    rounded up to whole batches: an interval cut short of a batch cuts a noisy step short, and
+    the same noise over fewer ratings costs more accuracy than the members' drift (docs/fleet.md).
+
+    >>> sync_interval(1), sync_interval(2), sync_interval(4)
+    (10000, 2000, 666)
+    >>> sync_interval(4, dp_batch=1000), sync_interval(2, dp_batch=1500), sync_interval(1, dp_batch=1000)
+    (2000, 3000, 10000)
+    """
+    if members <= 1:
+        return ALONE * SYNC_RATINGS
+    if dp_batch:
+        return -(-max(DRIFT_RATINGS, dp_batch) // dp_batch) * dp_batch
+    return max(SYNC_RATINGS, DRIFT_RATINGS // (members - 1))
+
+
+def noisy_batch(model, fleet_dp: dict | None) -> int | None:
+    """Ratings per noisy step of a DP fleet's model (``fleet_dp``: the fleet's DP terms, None in a
+    fleet without DP-SGD), which ``sync_interval`` keeps whole."""
+    if not fleet_dp:
+        return None
+    return int(model.dp.batch_size)   # a DP fleet's model is a DP-SGD learner (cli.fleet builds it)

@@ -190,6 +190,12 @@ def test_a_dp_member_that_would_serve_is_refused(capsys):
     assert dp.fallback_share == 0 and terms["unit"] == "rating"
     from sketchrec.privacy.accounting import GaussianSteps, epsilon_of
     assert epsilon_of([GaussianSteps(terms["multiplier"])], terms["delta"]) == pytest.approx(1.0, abs=1e-3)
+    # its members sync in whole noisy batches, however many they are (a cut batch adds noise)
+    from sketchrec.stream.fleet.pace import noisy_batch, sync_interval
+    model = fleet.model.build(1_000, dp, "consume")
+    assert noisy_batch(model, terms) == 500 and noisy_batch(model, None) is None
+    assert [sync_interval(m, noisy_batch(model, terms)) for m in (2, 3, 4, 8)] == [2_000] * 4
+    assert sync_interval(4, None) < 2_000   # the broken variant: a non-DP interval, shrinking with M
 
 
 def test_user_level_member_refuses_a_topic_not_keyed_by_user():
