@@ -27,8 +27,20 @@ def test_b1_table_quick(tmp_path):
     assert "Table 4.2" in (tmp_path / "b1_table.md").read_text()
 
 
-def _quick(tmp_path, name: str) -> dict:
-    assert sketchrec_main(["experiment", name, "--quick", "--out", str(tmp_path)]) == 0
+@pytest.fixture(scope="module")
+def ml100k_head(ml100k, tmp_path_factory):
+    """The first 25,000 ratings of u.data (its lines are in no user or time order): for the
+    experiments whose test checks the shape and range of their output, a quarter of the
+    training work."""
+    path = tmp_path_factory.mktemp("ml100k_head") / "u.data"
+    with open(ml100k) as src:
+        path.write_text("".join(line for _, line in zip(range(25_000), src)))
+    return path
+
+
+def _quick(tmp_path, name: str, data=None) -> dict:
+    assert sketchrec_main(["experiment", name, "--quick", "--out", str(tmp_path),
+                           *(["--data", str(data)] if data else [])]) == 0
     stem = name.replace("-", "_")
     assert {p.name for p in tmp_path.iterdir()} == {f"{stem}.json", f"{stem}.md", f"{stem}.png"}
     assert (tmp_path / f"{stem}.png").stat().st_size > 5000
@@ -39,18 +51,16 @@ def _in_range(values, lo=0.5, hi=2.0) -> bool:
     return all(math.isfinite(v) and lo < v < hi for v in values)
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_b1_heatmap_quick(tmp_path):
-    result = _quick(tmp_path, "b1-heatmap")
+def test_b1_heatmap_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "b1-heatmap", ml100k_head)
     for k in ("k1", "k4"):
         grid = result["rmse"][k]
         assert len(grid) == len(result["dims"]) and len(grid[0]) == len(result["space_gains"])
         assert _in_range([x for row in grid for x in row])
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_b1_dynamic_quick(tmp_path):
-    result = _quick(tmp_path, "b1-dynamic")
+def test_b1_dynamic_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "b1-dynamic", ml100k_head)
     for kind in ("regular", "sketch", "hashing"):
         assert _in_range(result["one_pass_test_rmse"][kind])
         curve = result["per_epoch_test_rmse"][kind]
@@ -59,18 +69,16 @@ def test_b1_dynamic_quick(tmp_path):
     assert result["space_gain"] == [32 / d for d in result["d_regular"]]
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_b1_regularization_quick(tmp_path):
-    result = _quick(tmp_path, "b1-regularization")
+def test_b1_regularization_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "b1-regularization", ml100k_head)
     for kind, curve in result["test_rmse_d32_gamma1"].items():
         assert len(curve) == len(result["lambdas"]) and _in_range(curve)
     grid = result["best_lambda_sketch"]
     assert all(x in grid["grid"] for row in grid["best"] for x in row)
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_b2_privacy_quick(tmp_path):
-    result = _quick(tmp_path, "b2-privacy")
+def test_b2_privacy_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "b2-privacy", ml100k_head)
     rows = [r for rows in result["sketch_clip"].values() for r in rows] + \
         [r for rows in result["regular_clip"].values() for r in rows] + result["dp_sgd"]
     assert _in_range([r["rmse"] for r in rows])
@@ -78,9 +86,8 @@ def test_b2_privacy_quick(tmp_path):
     assert 1.9 < result["dp_sgd"][0]["proven_epsilon"] <= 2.0 + 1e-6
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_dp_sgd_quick(tmp_path):
-    result = _quick(tmp_path, "dp-sgd")
+def test_dp_sgd_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "dp-sgd", ml100k_head)
     assert _in_range([r["rmse"] for r in result["rating_level"] + result["user_level"]])
     finite = [r for r in result["rating_level"] if math.isfinite(r["target_epsilon"])]
     assert all(r["epsilon"] <= r["target_epsilon"] + 1e-6 for r in finite)
@@ -106,9 +113,8 @@ def test_qolsh_quick(tmp_path):
     assert recall["qolsh"]["1000"] >= recall["lsh"]["1000"]
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_retrieval_quick(tmp_path):
-    result = _quick(tmp_path, "retrieval")
+def test_retrieval_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "retrieval", ml100k_head)
     for cat in result["catalogues"].values():
         for run in cat["runs"]:
             assert 0 <= run["recall_at_10"] <= 1 and 0 < run["scored_exactly"] <= 1
@@ -125,9 +131,8 @@ def test_huber_synthetic_quick(tmp_path):
     assert all(r["laplace_epsilon"] == r["huber_epsilon"] == r["level"] for r in at_eps)
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_blp_mog_quick(tmp_path):
-    result = _quick(tmp_path, "blp-mog")
+def test_blp_mog_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "blp-mog", ml100k_head)
     for row in result["rows"] + list(result["non_private"].values()):
         assert 0.5 < row["rmse"] < 2.5 and 0 <= row["f_at_10"] <= 1
     assert {r["perturbation"] for r in result["rows"]} == {"blp", "laplace_clamp"}
@@ -142,9 +147,8 @@ def test_dp_nmf_quick(tmp_path):
     assert all(math.isfinite(r["observed_rmse_normalised"]) and math.isfinite(r["test_rmse"]) for r in result["rows"])
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_huber_movielens_quick(tmp_path):
-    result = _quick(tmp_path, "huber-movielens")
+def test_huber_movielens_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "huber-movielens", ml100k_head)
     values = [v for cells in result["seed_methods"].values() for v in cells.values()]
     assert _in_range(values, 0.5, 3.0) and len(values) == 5
     for r in result["dp_sgd_sketch"].values():
