@@ -23,6 +23,7 @@ from pathlib import Path
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import httpx  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +61,14 @@ def ledger_state(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SKETCHREC_STATE", str(tmp_path_factory.mktemp("ledger-state")))
         yield
+
+
+# One HTTP client for the tests' requests to the servers they start: ``httpx.get`` builds a client,
+# and its SSL context, at every call (tens of ms of CPU), and the tests poll their servers several
+# times a second while they wait. No connection is kept alive: each request connects afresh, as
+# ``httpx.get``'s do (a test kills servers and starts others on their ports); no proxy from the
+# environment (every server is on the loopback).
+http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), trust_env=False)
 
 
 def free_port() -> int:
@@ -192,10 +201,14 @@ def compile_consumer_kernels() -> None:
         PrivacyMonitor(window=8, reservoir=2).observe(None, keys, keys, ratings, predictions)
 
 
-def compile_fleet_kernels() -> None:
+FLEET_OPTIONS = ("--capacity", "6000", "--seed", "3")
+
+
+def compile_fleet_kernels(options: tuple[str, ...] = ("--model", "sketch", *FLEET_OPTIONS)) -> None:
     """A fleet member's kernels beside its learner's: the delta tracker's slots and codec, and the
-    recommender's sketches, over the sketch learner the fleet tests run (whose own kernels
-    ``compile_kernels`` has compiled already: this only loads them)."""
+    recommender's sketches, over the learner a member builds from ``options`` (the sketch by
+    default; without --model the default learner), whose own kernels must be in the cache already
+    (``compile_kernels``: this only loads them)."""
     import numpy as np
 
     from sketchrec.stream.fleet.tracker import DeltaTracker
@@ -204,8 +217,7 @@ def compile_fleet_kernels() -> None:
     rng = np.random.default_rng(1)
     users, items = rng.integers(0, 400, 3000), rng.integers(0, 150, 3000)
     ratings = rng.integers(1, 6, 3000).astype(np.float64)
-    recs = [Recommender(consumer_model(("--model", "sketch", "--capacity", "6000", "--seed", "3")),
-                        pair_capacity=1000) for _ in range(2)]
+    recs = [Recommender(consumer_model(options), pair_capacity=1000) for _ in range(2)]
     trackers = [DeltaTracker(rec) for rec in recs]
     for at, size in ((0, 50), (50, 2950)):   # a take's tracked pass, then its full pass
         recs[0].learn_many(users[at:at + size], items[at:at + size], ratings[at:at + size])
@@ -217,25 +229,27 @@ def compile_fleet_kernels() -> None:
 
 def _compile_beside(log: Path) -> None:
     """Compile every kernel set in two processes at once (the second core is otherwise idle while
-    the controller compiles): this process the sketch learners and the mix, a child the consumer's
-    kernels and the dense learner, then, once the plain sketch's kernels are in the cache (a line
-    on its stdin says so), the fleet's over that sketch. The two never compile different
-    signatures of one kernel at the same time (both would rewrite its cache index)."""
+    the controller compiles): this process the learners, a child the consumer's kernels and the
+    dense learner, then the fleet's over the sketch once the sketch's kernels are in the cache,
+    and over the default learner once every learner's are (a line on its stdin says when). The
+    two never compile different signatures of one kernel at the same time: both would rewrite its
+    cache index, and one could name the other's file."""
     import sys
     child_code = ("import sys; sys.path.insert(0, sys.argv[1]); import conftest; "
                   "conftest.compile_consumer_kernels(); conftest.compile_kernels(('dense',)); "
-                  "sys.stdin.readline(); conftest.compile_fleet_kernels()")
+                  "sys.stdin.readline(); conftest.compile_fleet_kernels(); "
+                  "sys.stdin.readline(); conftest.compile_fleet_kernels(conftest.FLEET_OPTIONS)")
     with log.open("wb") as err:
         child = subprocess.Popen([sys.executable, "-c", child_code, str(Path(__file__).parent)],
                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
     try:
         compile_kernels(("sketch",))
         child.stdin.write(b"sketch compiled\n")
-        child.stdin.close()
-        compile_kernels(("adagrad", "mix"))
+        child.stdin.flush()
+        compile_kernels(("mix", "adagrad"))
+        child.stdin.write(b"learners compiled\n")
     finally:
-        if not child.stdin.closed:
-            child.stdin.close()
+        child.stdin.close()
         code = child.wait()
     if code:
         raise RuntimeError(f"compiling the kernels failed ({code}): {log.read_text(errors='replace')[-2000:]}")
