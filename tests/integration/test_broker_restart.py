@@ -13,7 +13,7 @@ import pytest
 
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.producer import produce
-from conftest import _wait_for_broker, free_port
+from conftest import free_port, http, _wait_for_broker
 
 
 class S3Broker:
@@ -104,20 +104,20 @@ def test_broker_restart_consumer_stays_up_and_learns_everything_once(s3_broker, 
         def stats():
             assert proc.poll() is None, log.read_text()[-3000:]
             try:
-                return httpx.get(f"{url}/stats", timeout=2).json()
+                return http.get(f"{url}/stats", timeout=2).json()
             except httpx.TransportError:
                 return None
 
         _wait(lambda: (stats() or {}).get("ratings_learned") == 3000, 90, "the first 3,000 ratings")
         s3_broker.stop()
-        lost = _wait(lambda: (r := httpx.get(f"{url}/healthz", timeout=2)).status_code == 503 and r.json(),
+        lost = _wait(lambda: (r := http.get(f"{url}/healthz", timeout=2)).status_code == 503 and r.json(),
                      30, "/healthz to report the lost broker")
         assert any(reason.startswith("broker unreachable") for reason in lost["reasons"])
         assert stats()["broker"]["connected"] is False  # the endpoint answers during the outage
         s3_broker.start()
         sent += produce(second, s3_broker.bootstrap, topic, batch=10)["messages"]
         _wait(lambda: (stats() or {}).get("ratings_learned") == 5000, 90, "the next 2,000 ratings")
-        _wait(lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 30, "health again")
+        _wait(lambda: http.get(f"{url}/healthz", timeout=2).status_code == 200, 30, "health again")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:

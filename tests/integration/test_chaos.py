@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import free_port, stop_processes
+from conftest import free_port, http, stop_processes
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
@@ -80,7 +80,7 @@ def _send(bootstrap, topic, data, poison) -> None:
 
 def _stats(port) -> dict:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
+        return http.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
     except (httpx.TransportError, ValueError):
         return {}
 
@@ -139,7 +139,12 @@ def test_a_fleet_under_poison_kill_9_and_a_broker_pause_ends_exact(own_broker, t
         time.sleep(PAUSE)
         broker.send_signal(signal.SIGCONT)
         _send(bootstrap, topic, parts[2], POISON[:1])
-        procs.wait(lambda: all(learned(p) == N for p in live), f"{N:,} ratings everywhere", 240)
+
+        def settled() -> bool:   # three processes' /stats, read one after another: until they agree
+            figures = [_stats(p) for p in live]
+            return all(f.get("ratings_learned") == N and f.get("offsets") == figures[0].get("offsets")
+                       for f in figures)
+        procs.wait(settled, f"{N:,} ratings and the same offsets everywhere", 240)
         figures = [_stats(p) for p in live]
         assert all(f.get("ratings_learned") == N for f in figures), \
             [(p, f.get("ratings_learned"), f.get("offsets")) for p, f in zip(live, figures)]
@@ -148,8 +153,8 @@ def test_a_fleet_under_poison_kill_9_and_a_broker_pause_ends_exact(own_broker, t
             assert f["skipped"].get(LONE) == 3, f["skipped"]
             assert f["skipped"].get("not UTF-8") == 1 and f["skipped"].get("JSON nested too deep") == 1
         pairs = [(int(u), int(i)) for u, i in zip(data.users[:200], data.items[::-1][:200])]
-        answers = [np.array([httpx.get(f"http://127.0.0.1:{p}/predict", params={"user": u, "item": i},
-                                       timeout=5).json()["rating"] for u, i in pairs]) for p in live]
+        answers = [np.array([http.get(f"http://127.0.0.1:{p}/predict", params={"user": u, "item": i},
+                                      timeout=5).json()["rating"] for u, i in pairs]) for p in live]
         for values in answers[1:]:
             assert np.max(np.abs(values - answers[0])) < 1e-4
         assert all(procs.procs[p].poll() is None for p in live)   # nobody died on the way

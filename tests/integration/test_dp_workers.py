@@ -14,7 +14,7 @@ from sketchrec.cli.replay import replay_main
 from sketchrec.privacy.admin_token import ENV as ADMIN_ENV
 from sketchrec.stream.serving.joint import open_checkpoint
 from sketchrec.stream.serving.workers.block import PREFIX
-from conftest import stop_processes
+from conftest import http, stop_processes
 
 TOKEN = "dp-workers-admin"
 PAIRS = [(u, i) for u in range(1, 11) for i in range(1, 11)]
@@ -64,7 +64,7 @@ def test_a_dp_checkpoint_is_served_by_two_readers_as_by_one_process(tmp_path):
         while True:
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
             try:
-                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                if http.get(f"{url}/healthz", timeout=5).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

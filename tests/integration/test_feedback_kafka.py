@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import uuid
 
-import httpx
-
 from sketchrec.models import SketchMF
 from sketchrec.stream.feedback import KafkaFeedback
 from sketchrec.stream.kafka.consumer import KafkaLearner, resume_or_create
 from sketchrec.stream.kafka.producer import ensure_topic
 from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.serving.server import ServerThread
+from conftest import http
 
 
 def _service(directory):
@@ -27,8 +26,8 @@ def test_posted_ratings_are_produced_and_learned_once_when_consumed(kafka_bootst
     server = ServerThread(create_app(service), "127.0.0.1", 0).start()
     try:
         batch = [{"user": f"u{n % 7}", "item": n % 11, "rating": 1 + n % 5} for n in range(30)]
-        r = httpx.post(f"{server.url}/ratings", json=batch + [{"user": "u1", "item": 2, "rating": 50}],
-                       timeout=30)
+        r = http.post(f"{server.url}/ratings", json=batch + [{"user": "u1", "item": 2, "rating": 50}],
+                      timeout=30)
         assert r.status_code == 422
         assert r.json()["accepted"] == 30 and r.json()["produced"] == 30
         assert service.ratings_learned == 0   # not learned by the route: by the consumer

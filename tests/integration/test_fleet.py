@@ -21,7 +21,7 @@ import pytest
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
-from conftest import free_port, stop_processes
+from conftest import free_port, http, stop_processes
 
 N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 100_000))
 SEND_S = 15.0   # the stream's span: the stalled member's 9 s and its eviction fit inside it
@@ -59,7 +59,7 @@ def send(bootstrap: str, topic: str, data, seconds: float, batch: int = 100) -> 
 
 def stats(port: int) -> dict | None:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
+        return http.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
     except (httpx.TransportError, ValueError):
         return None
 

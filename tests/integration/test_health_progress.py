@@ -14,7 +14,7 @@ import uuid
 
 import httpx
 
-from conftest import free_port, stop_processes
+from conftest import free_port, http, stop_processes
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.producer import ensure_topic, produce
 
@@ -24,7 +24,7 @@ MODEL = ["--dim", "8", "--capacity", "1000", "--seed", "3"]
 
 def _get(port, path):
     try:
-        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2)
+        return http.get(f"http://127.0.0.1:{port}{path}", timeout=2)
     except httpx.TransportError:
         return None
 

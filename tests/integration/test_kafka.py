@@ -18,7 +18,7 @@ from sketchrec.stream.checkpoint import CheckpointStore
 from sketchrec.stream.kafka.producer import ensure_topic, order_for_topic, produce
 from sketchrec.stream.kafka.messages import parse_message
 from sketchrec.data import SyntheticStream, read_ratings
-from conftest import free_port
+from conftest import free_port, http
 
 
 def consume_cmd(bootstrap, topic, ckpt, *extra):
@@ -112,10 +112,10 @@ def crash_three_times_then_finish(kafka_bootstrap: str, topic: str, ckpt) -> dic
                 assert proc.poll() is None, log.read_text()[-3000:]
                 assert time.monotonic() < deadline, "consumer made no progress: " + log.read_text()[-3000:]
                 try:
-                    learned = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()["ratings_learned"]
+                    learned = http.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()["ratings_learned"]
                 except httpx.TransportError:
                     pass
-                time.sleep(0.005)
+                time.sleep(0.02)   # ~50 polls a second: each one is a request the consumer answers
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             killed_at.append(learned)

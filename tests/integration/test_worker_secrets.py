@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import httpx
 import pytest
 
 from sketchrec.data import SyntheticStream
@@ -15,6 +14,7 @@ from sketchrec.privacy.admin_token import ENV
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.workers.pool import WorkerPool
+from conftest import http
 
 ADMIN = "secret-admin-token-for-the-test"
 
@@ -56,11 +56,11 @@ def test_no_reader_environment_holds_the_token_key_or_the_admin_token(monkeypatc
         # as is the admin token, by whichever reader answers
         params = {"user": str(int(data.users[0])), "k": 3}
         for _ in range(6):
-            assert httpx.get(f"{pool.url}/recommend", params=params).status_code == 401
-            ok = httpx.get(f"{pool.url}/recommend", params={**params, "token": pool.user_tokens.mint(params["user"])})
+            assert http.get(f"{pool.url}/recommend", params=params).status_code == 401
+            ok = http.get(f"{pool.url}/recommend", params={**params, "token": pool.user_tokens.mint(params["user"])})
             assert ok.status_code == 200
-            admin = httpx.get(f"{pool.url}/recommend", params=params,
-                              headers={"Authorization": f"Bearer {ADMIN}"})
+            admin = http.get(f"{pool.url}/recommend", params=params,
+                             headers={"Authorization": f"Bearer {ADMIN}"})
             assert admin.status_code == 200
     finally:
         pool.stop()

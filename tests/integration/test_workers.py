@@ -24,6 +24,7 @@ from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.workers.block import PREFIX
 from sketchrec.stream.serving.workers.pool import WorkerPool
+from conftest import http
 
 TOKEN = "workers-admin"
 K = 10
@@ -79,8 +80,8 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
 
     learner = threading.Thread(target=learn)
     try:
-        base = httpx.get(f"{pool.url}/stats").json()["ratings_learned"]
-        probe = httpx.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"]
+        base = http.get(f"{pool.url}/stats").json()["ratings_learned"]
+        probe = http.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"]
         learner.start()
         with multiprocessing.get_context("spawn").Pool(3) as clients:
             answers = sum(clients.starmap(_hammer, [(pool.url, users[n::3], 3.0) for n in range(3)]), [])
@@ -92,9 +93,9 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
             assert all(math.isfinite(x["score"]) for x in body["items"])
             assert not {str(x["item"]) for x in body["items"]} & seen[user], "a rated item was recommended"
         # the readers see learning progress: the counters live in the shared block, the cells too
-        stats = httpx.get(f"{pool.url}/stats").json()
+        stats = http.get(f"{pool.url}/stats").json()
         assert stats["ratings_learned"] > base and stats["worker_pid"] in pool.pids()
-        assert httpx.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"] != probe
+        assert http.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"] != probe
         # a new item reaches every reader's catalogue within the publication interval (+ slack)
         stop.set()
         learner.join()
@@ -114,7 +115,7 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
         deadline = time.monotonic() + 30
         while True:   # the learner's snapshot settles (rebuilt at most every refresh_s), then the readers'
             wanted = {u: rec.recommend(u, K)[0] for u in users[:10]}
-            got = {u: [(x["item"], x["score"]) for x in httpx.get(
+            got = {u: [(x["item"], x["score"]) for x in http.get(
                 f"{pool.url}/recommend", params={"user": u, "k": K}).json()["items"]] for u in wanted}
             same = all([str(i) for i, _ in got[u]] == [str(i) for i, _ in wanted[u]]
                        and [s for _, s in got[u]] == pytest.approx([s for _, s in wanted[u]], abs=1e-6)
@@ -125,16 +126,17 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
             time.sleep(0.1)
         rec.learn_many(np.array(["1"], dtype=object), np.array(["brand-new"], dtype=object), np.array([5.0]))
         t0 = time.monotonic()
-        while httpx.get(f"{pool.url}/stats").json()["catalogue_items"] != len(rec.catalogue):
+        while http.get(f"{pool.url}/stats").json()["catalogue_items"] != len(rec.catalogue):
             assert time.monotonic() - t0 < 2.0, "the catalogue was not published"
+            time.sleep(0.01)   # leave the learner's publisher thread the interpreter
         # admin verbs sent to any worker act on the learner
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        assert httpx.post(f"{pool.url}/pause", headers=auth).json() == {"paused": True}
+        assert http.post(f"{pool.url}/pause", headers=auth).json() == {"paused": True}
         assert not rec.learning.is_set()
-        assert httpx.post(f"{pool.url}/resume", headers=auth).json() == {"paused": False}
+        assert http.post(f"{pool.url}/resume", headers=auth).json() == {"paused": False}
         assert rec.learning.is_set()
-        assert httpx.post(f"{pool.url}/checkpoint", headers=auth).json()["ratings_learned"] == rec.model.n_learned
-        assert httpx.post(f"{pool.url}/pause").status_code == 401
+        assert http.post(f"{pool.url}/checkpoint", headers=auth).json()["ratings_learned"] == rec.model.n_learned
+        assert http.post(f"{pool.url}/pause").status_code == 401
     finally:
         stop.set()
         readers = pool.pids()
@@ -156,15 +158,15 @@ def test_a_read_replica_moves_to_a_newer_checkpoint(tmp_path):
     pool = WorkerPool(replica, ("127.0.0.1", 0), 1, access=True, reload_every=0.1).start()   # one reader: lean
     token = {"token": pool.user_tokens.mint("3")}   # the learner's key
     try:
-        assert httpx.get(f"{pool.url}/stats").json()["ratings_learned"] == 5000
-        assert httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4"}).status_code == 401
+        assert http.get(f"{pool.url}/stats").json()["ratings_learned"] == 5000
+        assert http.get(f"{pool.url}/predict", params={"user": "3", "item": "4"}).status_code == 401
         rec.learn_many(data.users[5000:], data.items[5000:], data.ratings[5000:])
         writer.checkpoint()
         deadline = time.monotonic() + 20
-        while httpx.get(f"{pool.url}/stats").json()["ratings_learned"] != 8000:
+        while http.get(f"{pool.url}/stats").json()["ratings_learned"] != 8000:
             assert time.monotonic() < deadline, "the newer checkpoint was not served"
             time.sleep(0.05)
-        served = httpx.get(f"{pool.url}/predict", params={"user": "3", "item": "4", **token}).json()["rating"]
+        served = http.get(f"{pool.url}/predict", params={"user": "3", "item": "4", **token}).json()["rating"]
         assert served == pytest.approx(rec.predict("3", "4"))
     finally:
         pool.stop()
@@ -248,7 +250,7 @@ def _until(check, timeout: float, step: float = 0.05):
 
 def _healthz(port: int) -> tuple[int, dict] | None:
     try:
-        r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+        r = http.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
         return r.status_code, r.json()
     except httpx.TransportError:
         return None

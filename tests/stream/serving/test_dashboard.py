@@ -24,6 +24,7 @@ from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.serving.server import ServerThread
 from sketchrec.stream.service import LearningService
+from conftest import http
 
 ADMIN = "operator-token"
 BUDGET = 8.0      # epsilon; at noise multiplier 3 five passes fit and the sixth is refused
@@ -230,8 +231,8 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     page.fill("#try-k", "5")
     page.click("#try button")
     page.wait_for_selector("#try-out tr:nth-child(6)")
-    expected = httpx.get(base + "/recommend", params={"user": "7", "k": 5},
-                         headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    expected = http.get(base + "/recommend", params={"user": "7", "k": 5},
+                        headers={"Authorization": f"Bearer {ADMIN}"}).json()
     shown = page.locator("#try-out td:nth-child(2)").all_inner_texts()
     assert shown == [str(x["item"]) for x in expected["items"]]
     assert errors == []
@@ -241,7 +242,7 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
 
 
 def client_privacy(base: str) -> dict:
-    return httpx.get(base + "/privacy", timeout=10).json()
+    return http.get(base + "/privacy", timeout=10).json()
 
 
 def test_without_the_operator_token_a_dp_service_shows_only_its_release(served, browser):
@@ -263,7 +264,7 @@ def test_without_the_operator_token_a_dp_service_shows_only_its_release(served, 
     assert float(card(page, "released")) == public["released"]["private_mean"]
     assert str(round(public["released"]["noisy_ratings"])) in page.inner_text("#v-released-n").replace(",", "")
     assert card(page, "answers") == ("baseline" if public["fallback"] else "factors")
-    assert "versus_private_mean" not in public and "versus_private_mean" not in httpx.get(base + "/stats").json()
+    assert "versus_private_mean" not in public and "versus_private_mean" not in http.get(base + "/stats").json()
     charts = assert_no_blank_chart(page)
     for name in ("c-rmse", "c-kld", "c-rate", "c-skipped", "c-mem"):
         assert charts[name]["points"] == 0 and "operator state" in charts[name]["reason"]
@@ -343,7 +344,7 @@ def test_a_consumer_waiting_for_its_broker_then_learning(browser):
         assert float(card(page, "rmse")) == service.errors.rmse
         charts = assert_no_blank_chart(page)
         assert charts["c-rmse"]["points"] >= 2 and charts["c-kld"]["points"] >= 2
-        httpx.post(f"http://127.0.0.1:{server.port}/pause", headers={"Authorization": f"Bearer {ADMIN}"})
+        http.post(f"http://127.0.0.1:{server.port}/pause", headers={"Authorization": f"Bearer {ADMIN}"})
         wait_until(page, "document.getElementById('status').textContent.startsWith('paused')", timeout=10)
         page.close()
     finally:
@@ -370,7 +371,7 @@ def test_try_it_shows_titles_on_recommend_and_similar(browser):
         page.wait_for_selector("#try-out tr:nth-child(6)")
         rows = page.locator("#try-out tr").all()
         return ([[c.inner_text() for c in row.locator("th, td").all()] for row in rows],
-                httpx.get(base + route, params=params, headers=auth).json())
+                http.get(base + route, params=params, headers=auth).json())
 
     try:
         page = browser.new_page()

@@ -20,6 +20,7 @@ from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving import server as servers
 from sketchrec.stream.serving.http import access_for, create_app
 from sketchrec.stream.serving.server import PortInUse, ServerThread
+from conftest import http
 
 ADMIN = "exposure-admin"
 SECURITY = {"content-security-policy", "x-frame-options", "referrer-policy"}
@@ -133,14 +134,14 @@ def test_on_a_non_loopback_address_per_user_routes_need_a_credential(tmp_path):
         try:
             base = f"http://127.0.0.1:{port}"
             _wait_ready(base, proc)
-            r = httpx.get(f"{base}/recommend", params=attack, timeout=30)
+            r = http.get(f"{base}/recommend", params=attack, timeout=30)
             assert (r.status_code == 401) is refused, r.text
-            assert httpx.get(f"{base}/predict", params={"user": "5", "item": "1"}, timeout=30).status_code \
+            assert http.get(f"{base}/predict", params={"user": "5", "item": "1"}, timeout=30).status_code \
                 == (401 if refused else 200)
-            backend = httpx.get(f"{base}/recommend", params=attack, timeout=30,
-                                headers={"Authorization": f"Bearer {ADMIN}"})
+            backend = http.get(f"{base}/recommend", params=attack, timeout=30,
+                               headers={"Authorization": f"Bearer {ADMIN}"})
             assert backend.status_code == 200 and backend.json()["items"]
-            assert httpx.get(f"{base}/stats", timeout=30).status_code == 200   # public routes stay open
+            assert http.get(f"{base}/stats", timeout=30).status_code == 200   # public routes stay open
         finally:
             proc.terminate()
             _, err = proc.communicate(timeout=30)
@@ -183,7 +184,7 @@ def _wait_ready(base: str, proc, timeout: float = 300.0) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1]
         try:
-            if httpx.get(f"{base}/healthz", timeout=5).status_code == 200:
+            if http.get(f"{base}/healthz", timeout=5).status_code == 200:
                 return
         except httpx.TransportError:
             pass

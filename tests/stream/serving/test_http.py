@@ -22,6 +22,7 @@ from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.serving.server import ServerThread
 from sketchrec.stream.service import LearningService
 from sketchrec.data import SyntheticStream
+from conftest import http
 
 TOKEN = "s3cret-token"
 
@@ -144,14 +145,14 @@ def test_admin_is_disabled_without_a_token_and_refused_read_only(tmp_path):
     service, _ = learned_service(n=2000)
     server = ServerThread(create_app(service, None), "127.0.0.1", 0).start()
     try:
-        r = httpx.post(f"http://127.0.0.1:{server.port}/pause", headers={"Authorization": "Bearer x"})
+        r = http.post(f"http://127.0.0.1:{server.port}/pause", headers={"Authorization": "Bearer x"})
         assert r.status_code == 403 and "disabled" in r.json()["detail"]
     finally:
         server.stop()
     service.read_only = True
     server = ServerThread(create_app(service, TOKEN), "127.0.0.1", 0).start()
     try:
-        r = httpx.post(f"http://127.0.0.1:{server.port}/pause", headers={"Authorization": f"Bearer {TOKEN}"})
+        r = http.post(f"http://127.0.0.1:{server.port}/pause", headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 409
     finally:
         server.stop()
@@ -222,7 +223,7 @@ def _wait_for(url: str, timeout: float = 180.0) -> httpx.Response:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            return httpx.get(url, timeout=2)
+            return http.get(url, timeout=2)
         except httpx.TransportError:
             time.sleep(0.1)
     raise AssertionError(f"{url} did not answer within {timeout} s")
@@ -238,12 +239,12 @@ def test_replay_serve_keeps_serving_after_the_replay_until_interrupted(tmp_path)
         base = f"http://127.0.0.1:{port}"
         _wait_for(f"{base}/healthz")
         deadline = time.monotonic() + 60
-        while httpx.get(f"{base}/stats").json()["ratings_learned"] < 30_000:
+        while http.get(f"{base}/stats").json()["ratings_learned"] < 30_000:
             assert time.monotonic() < deadline, "replay did not finish"
             time.sleep(0.1)
         time.sleep(0.5)
         assert proc.poll() is None, "the server stopped when the replay ended"
-        assert httpx.get(f"{base}/predict", params={"user": "1", "item": "2"}).status_code == 200
+        assert http.get(f"{base}/predict", params={"user": "1", "item": "2"}).status_code == 200
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
     finally:
@@ -262,18 +263,18 @@ def test_serve_a_checkpoint_read_only_and_reload_newer(tmp_path):
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_for(f"{base}/healthz")
-        served = httpx.get(f"{base}/predict", params={"user": "3", "item": "4"}).json()["rating"]
+        served = http.get(f"{base}/predict", params={"user": "3", "item": "4"}).json()["rating"]
         assert served == pytest.approx(service.recommender.predict("3", "4"))
-        stats = httpx.get(f"{base}/stats").json()
+        stats = http.get(f"{base}/stats").json()
         assert stats["read_only"] is True and stats["ratings_learned"] == 5000
         more = SyntheticStream(n_ratings=3000, n_users=300, n_items=200, seed=7).all()
         service.recommender.learn_many(more.users, more.items, more.ratings)
         service.checkpoint()
         deadline = time.monotonic() + 20
-        while httpx.get(f"{base}/stats").json()["ratings_learned"] != 8000:
+        while http.get(f"{base}/stats").json()["ratings_learned"] != 8000:
             assert time.monotonic() < deadline, "newer checkpoint was not picked up"
             time.sleep(0.1)
-        served = httpx.get(f"{base}/predict", params={"user": "3", "item": "4"}).json()["rating"]
+        served = http.get(f"{base}/predict", params={"user": "3", "item": "4"}).json()["rating"]
         assert served == pytest.approx(service.recommender.predict("3", "4"))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0

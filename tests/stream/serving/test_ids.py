@@ -2,7 +2,6 @@
 app): a canonical decimal integer is a JSON number, any other id a string. A query string carries
 every id as text; before, /recommend gave the user as "7" and its items as 7."""
 
-import httpx
 import numpy as np
 import pytest
 
@@ -11,6 +10,7 @@ from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.serving.server import ServerThread
 from sketchrec.stream.service import LearningService
+from conftest import http
 
 
 @pytest.fixture(scope="module", params=["fast path", "app"])
@@ -30,13 +30,13 @@ def base(request):
 
 
 def test_integers_are_numbers_and_other_ids_strings_on_every_route(base):
-    prediction = httpx.get(base + "/predict", params={"user": "7", "item": "2"}).json()
+    prediction = http.get(base + "/predict", params={"user": "7", "item": "2"}).json()
     assert prediction["user"] == 7 and prediction["item"] == 2
     for user, shown in (("7", 7), ("u-1", "u-1"), ("0405", "0405")):
-        answer = httpx.get(base + "/recommend", params={"user": user, "k": 10}).json()
+        answer = http.get(base + "/recommend", params={"user": user, "k": 10}).json()
         assert answer["user"] == shown
         ids = [entry["item"] for entry in answer["items"]]
         assert set(ids) <= {1, 2, 3, 4, "film-9"} and ids
         assert all(type(i) is int for i in ids if i != "film-9")
-    similar = httpx.get(base + "/similar", params={"item": "3", "k": 3}).json()
+    similar = http.get(base + "/similar", params={"item": "3", "k": 3}).json()
     assert similar["item"] == 3 and all(isinstance(entry["item"], (int, str)) for entry in similar["items"])

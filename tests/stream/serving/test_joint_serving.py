@@ -19,6 +19,7 @@ from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.joint import JointRecommender, JointService
 from sketchrec.stream.serving.server import ServerThread
+from conftest import http
 
 ADMIN = "backend-token"
 TOKENS = UserTokens(b"joint-serving-test-key")
@@ -115,16 +116,16 @@ def test_replay_serves_the_joint_model_until_interrupted():
         base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
         while True:
             try:
-                r = httpx.get(f"{base}/recommend", params={"user": "3", "k": 5}, timeout=2)
+                r = http.get(f"{base}/recommend", params={"user": "3", "k": 5}, timeout=2)
                 break
             except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
                 time.sleep(0.1)
         assert r.status_code == 401
         token = UserTokens(bytes.fromhex(key)).mint(3)
-        r = httpx.get(f"{base}/recommend", params={"user": "3", "k": 5, "token": token})
+        r = http.get(f"{base}/recommend", params={"user": "3", "k": 5, "token": token})
         assert r.status_code == 200 and len(r.json()["items"]) == 5
-        assert httpx.get(f"{base}/privacy").json()["mode"] == "joint-dp"
+        assert http.get(f"{base}/privacy").json()["mode"] == "joint-dp"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
     finally:
