@@ -85,12 +85,11 @@ def borrow_sums(acc):
     return Accumulators(borrow(acc.cells), borrow(acc.bias_cells), borrow(acc.heavy))
 
 
-@njit(inline="always", cache=True)
-def look_ahead(store, ukeys, ikeys, n, salts_u, salts_i, bsalts_u, bsalts_i, addr, sign,
-               baddr, bsign):
+@njit(nogil=True, cache=True)   # a call, not IR-inlined: the loop compiles less
+def look_ahead(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, ukeys, ikeys, n, salts_u,
+               salts_i, bsalts_u, bsalts_i, addr, sign, baddr, bsign):
     """Prefetch the filter buckets of rating n + BUCKET_AHEAD, and the slot rows (an id holding
     one) or the vector and bias cells (an id in the sketch) of rating n + ROWS_AHEAD."""
-    fkeys, ffamilies, fcounts, fvectors = store.heavy
     n_slots = fcounts.shape[0]
     if n + BUCKET_AHEAD < ukeys.shape[0] and n_slots > 0:
         for s in range(2):
@@ -109,13 +108,13 @@ def look_ahead(store, ukeys, ikeys, n, salts_u, salts_i, bsalts_u, bsalts_i, add
                 prefetch(fvectors, (slot, l))
             prefetch(fvectors, (slot, fvectors.shape[1] - 1))
             continue
-        locate(salts_u if s == USER else salts_i, key, store.cells.shape[1], addr, sign)
+        locate(salts_u if s == USER else salts_i, key, cells.shape[1], addr, sign)
         for j in range(addr.shape[0]):
             for l in range(addr.shape[1]):
-                prefetch(store.cells, (j, addr[j, l]))
-        locate(bsalts_u if s == USER else bsalts_i, key, store.bias_cells.shape[1], baddr, bsign)
+                prefetch(cells, (j, addr[j, l]))
+        locate(bsalts_u if s == USER else bsalts_i, key, bias_cells.shape[1], baddr, bsign)
         for j in range(baddr.shape[0]):
-            prefetch(store.bias_cells, (j, baddr[j, 0]))
+            prefetch(bias_cells, (j, baddr[j, 0]))
 
 
 @njit(nogil=True, cache=True)
@@ -161,8 +160,8 @@ def _steps(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
     clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
     for n in range(ukeys.shape[0]):
         clock += _ONE
-        look_ahead(store, ukeys, ikeys, n, salts_u, salts_i, bsalts_u, bsalts_i, ahead_addr,
-                   ahead_sign, ahead_baddr, ahead_bsign)
+        look_ahead(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, ukeys, ikeys, n, salts_u,
+                   salts_i, bsalts_u, bsalts_i, ahead_addr, ahead_sign, ahead_baddr, ahead_bsign)
         keys = (ukeys[n], ikeys[n])
         for s in range(2):
             salts, bsalts, init, addr, sign, baddr, bsign, vec, start = sides[s]
