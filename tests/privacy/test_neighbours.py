@@ -26,7 +26,7 @@ from sketchrec.models.private.dp_sgd import DPConfig, NoisyStepper, clipped_grad
 from sketchrec.models.private.joint_als import JointDPConfig, PrivateALS, PrivateBaseline
 from sketchrec.models.sketch_mf import SketchMF
 from sketchrec.privacy.access import UserTokens
-from sketchrec.privacy import budget
+from sketchrec.privacy import accounting, budget, joint_dp
 from sketchrec.privacy.accounting import PrivacyLedger
 from sketchrec.privacy.joint_dp import CHOICE_CLIP
 from sketchrec.privacy.mode import PrivacyMode
@@ -233,27 +233,28 @@ def test_every_mode_releases_only_what_it_declares(mode, relation, coupled_size)
         assert not found, f"{mode.value}, {relation}, {name}: " + "; ".join(found)
 
 
-_CALIBRATED: dict = {}
+_ACCOUNTED: dict = {}
 
 
-@pytest.fixture
-def calibrated_once(monkeypatch):
-    """The epoch plan's calibration (an RDP bisection: most of a target-epsilon run's CPU) computed
-    once per set of arguments. It is a pure function of them, so D and D' share one result only
-    when the plan handed both the same sampling rate, steps and fixed releases: a plan that read
-    more of N than its release changes the arguments and gets its own calibration."""
-    calibrate = budget.calibrate_epochs
+@pytest.fixture(autouse=True)
+def accounted_once(monkeypatch):
+    """Each composition's epsilon (the RDP accountant: most of the CPU of a run's privacy block
+    and of a target-epsilon plan's bisection) computed once per set of entries. It is a pure
+    function of them, so D and D' share one result only when both ledgers (or both plans) hold
+    the same entries: a run that lets N or a unit's data into its releases changes the entries
+    and gets its own epsilon, and the harness still sees the difference."""
+    compute = accounting.epsilon_of
 
-    def once(epsilon, delta, sampling_rate, steps, fixed):
-        key = (epsilon, delta, sampling_rate, steps, tuple(fixed))
-        if key not in _CALIBRATED:
-            _CALIBRATED[key] = calibrate(epsilon, delta, sampling_rate, steps, fixed)
-        return _CALIBRATED[key]
-    monkeypatch.setattr(budget, "calibrate_epochs", once)
+    def once(steps, delta, accountant="rdp"):
+        key = (tuple(steps), delta, accountant)
+        if key not in _ACCOUNTED:
+            _ACCOUNTED[key] = compute(steps, delta, accountant)
+        return _ACCOUNTED[key]
+    monkeypatch.setattr(accounting, "epsilon_of", once)
+    monkeypatch.setattr(joint_dp, "epsilon_of", once)
 
 
 @pytest.mark.parametrize("mode", [PrivacyMode.DP_SGD_RATING, PrivacyMode.DP_SGD_USER])
-@pytest.mark.usefixtures("calibrated_once")
 def test_the_epoch_plan_releases_nothing_of_the_training_size(mode, coupled_size):
     """With a target epsilon the plan calibrates its noise from q and the steps: from the noised
     size only, so under its coupling the noise multiplier and epsilon are the same for D and D'."""
@@ -265,7 +266,6 @@ def test_the_epoch_plan_releases_nothing_of_the_training_size(mode, coupled_size
     assert a["--json privacy"]["dp"]["released_train_size"] != len(d)
 
 
-@pytest.mark.usefixtures("calibrated_once")
 def test_the_harness_catches_a_plan_that_reads_the_exact_size(monkeypatch):
     """The deliberately broken planner (q from the exact N, as it once was): the noise multiplier
     it releases moves with one added rating."""
