@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sketchrec.sketches.hashing import keys_of
+
 ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
 SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
 # A member learns without about (M - 1) x interval of the others' ratings: DRIFT_RATINGS / (M - 1)
@@ -62,14 +64,18 @@ class HotItems:
 
     def observe(self, users, items) -> None:
         """A batch about to be learned: its items counted towards the current interval (the
-        interval before is summed up first, once the tracker has taken it)."""
+        interval before is summed up first, once the tracker has taken it). Items are counted by
+        their hash keys: one poll's ids may be integers and the next one's text, and an id is the
+        same item either way (12 and "12" are one key to the model)."""
+        if self.private:
+            return
         if self.tracker.seq != self.seq:
             self.seq, counted, self.items = self.tracker.seq, self.items, []
             if counted:
                 keys = np.concatenate(counted)
                 # steps of the hottest item per rating of the interval
                 self.rate = np.unique(keys, return_counts=True)[1].max() / len(keys)
-        self.items.append(np.asarray(items))
+        self.items.append(keys_of(items if isinstance(items, np.ndarray) else np.asarray(items)))
 
     def bound(self, every: int, members: int) -> int:
         """``every`` (the member's interval), shortened so that no item can take more than
