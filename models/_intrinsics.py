@@ -3,7 +3,7 @@
 ``borrow(a)``: the same array with no reference count. numba counts references to an array with
 an atomic add on its meminfo at every copy (a view, a tuple of arrays indexed by a runtime
 position, an argument handed to an inlined helper) and drops the pairs it can prove redundant,
-but not in a loop as large as the learner's: there, some hundred atomic adds per rating remained,
+but not in a loop as large as the learner's: there, many atomic adds per rating remained,
 each a full memory barrier that waits for the rating's pending stores. On an array without a
 meminfo numba's increments and decrements test a null pointer and return. A kernel borrows only
 what its caller holds for the whole call (its arguments): a borrowed array must not outlive it.

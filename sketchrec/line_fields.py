@@ -1,6 +1,6 @@
 """A block of plain decimal lines parsed in one compiled pass: the common file (integer ids,
 ratings such as ``4.5``, integer timestamps) without arrow's split into lists and its casts,
-which copied every field twice and took most of a large file's parse.
+which copied every field twice (docs/results.md has what it costs and saves).
 
 The pass takes a line only when its text leaves nothing to interpret: exactly the layout's
 number of fields, every field read a run of ASCII digits (ids and timestamps: 1 to 18 digits, so

@@ -1,6 +1,6 @@
 """The stable order of integer keys (timestamps) by a least-significant-digit radix sort in
-compiled code: linear in the rows, where numpy's fastest sort of 10M int64 keys took a second
-of a large file's replay.
+compiled code: linear in the rows, where numpy's comparison sorts are n log n (a large file's
+time order was a visible part of its replay: docs/results.md).
 
 Like sketchrec.csv_lines it sits in the ground tier: its kernel inlines nothing from other
 modules, so numba's own per-file cache check is enough, and editing it recompiles nobody else's.

@@ -35,8 +35,8 @@ from sketchrec.sketches.hashing import keys_of
 ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
 SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
 # A member learns without about (M - 1) x interval of the others' ratings: DRIFT_RATINGS / (M - 1)
-# keeps that constant. A fixed 2,000 at M = 4 halved the sync's CPU, but the members' summed
-# steps overshot (the default learner's capped means, the sketch on sparse streams: docs/fleet.md)
+# keeps that constant. A fixed interval at every M is cheaper, but the members' summed steps
+# overshot (the default learner's capped means, the sketch on sparse streams: docs/fleet.md)
 DRIFT_RATINGS = 2_000
 HOT_STEPS = 32   # about the bias baseline's horizon + 1 + damping: its running mean's length
 FLOOR = 100      # ratings: the shortest interval the bound sets
