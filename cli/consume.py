@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--sync-ratings", type=int, metavar="N",
                        help="... or after N ratings, whichever comes first (replicas drift apart "
                        "the more each learns alone: see docs/scaling.md). Default: 2,000 ratings "
-                       "over the other members, at least 500 (a lone member: 10,000)")
+                       "over the other members, at least 500, shorter from three members on while a "
+                       "few items take most ratings; a DP-SGD fleet: 2,000 in whole --dp-batch "
+                       "batches (a lone member: 10,000). N fixes the interval: no pacing, no "
+                       "rounding to batches")
     fleet.add_argument("--snapshot-seconds", type=float, default=60.0, metavar="S",
                        help="the member holding partition 0 writes a snapshot every S seconds")
     ap.add_argument("--ldp-debias", action="store_true",
