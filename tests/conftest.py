@@ -71,6 +71,26 @@ def ledger_state(tmp_path_factory):
 http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), trust_env=False)
 
 
+def agreeing_predictions(ports, pairs, headers: dict | None = None, tol: float = 1e-4,
+                         timeout: float = 60.0) -> list:
+    """Each server's ``/predict`` answers over ``pairs`` (user, item), read again until every
+    server's agree within ``tol`` or ``timeout`` seconds pass, and returned (the caller asserts
+    they agree). A fleet replica refreshes its held slots' rows when it settles, at its first idle
+    poll after its last apply: answers read in that moment may differ by what collisions moved,
+    and agree once every replica settled. A replica that dropped a delta never agrees."""
+    import numpy as np
+
+    def read(port):
+        return np.array([http.get(f"http://127.0.0.1:{port}/predict", params={"user": u, "item": i},
+                                  headers=headers, timeout=30).json()["rating"] for u, i in pairs])
+    deadline = time.monotonic() + timeout
+    while True:
+        answers = [read(p) for p in ports]
+        if all(np.max(np.abs(a - answers[0])) < tol for a in answers[1:]) or time.monotonic() > deadline:
+            return answers
+        time.sleep(0.5)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import free_port, http, stop_processes
+from conftest import agreeing_predictions, free_port, http, stop_processes
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
@@ -153,8 +153,7 @@ def test_a_fleet_under_poison_kill_9_and_a_broker_pause_ends_exact(own_broker, t
             assert f["skipped"].get(LONE) == 3, f["skipped"]
             assert f["skipped"].get("not UTF-8") == 1 and f["skipped"].get("JSON nested too deep") == 1
         pairs = [(int(u), int(i)) for u, i in zip(data.users[:200], data.items[::-1][:200])]
-        answers = [np.array([http.get(f"http://127.0.0.1:{p}/predict", params={"user": u, "item": i},
-                                      timeout=5).json()["rating"] for u, i in pairs]) for p in live]
+        answers = agreeing_predictions(live, pairs)
         for values in answers[1:]:
             assert np.max(np.abs(values - answers[0])) < 1e-4
         assert all(procs.procs[p].poll() is None for p in live)   # nobody died on the way

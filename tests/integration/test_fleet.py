@@ -21,7 +21,7 @@ import pytest
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
-from conftest import free_port, http, stop_processes
+from conftest import agreeing_predictions, free_port, http, stop_processes
 
 N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 100_000))
 SEND_S = 15.0   # the stream's span: the stalled member's 9 s and its eviction fit inside it
@@ -223,12 +223,7 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
         mark("all learned")
 
         pairs = list(zip(rng.choice(data.users, 1000).tolist(), rng.choice(data.items, 1000).tolist()))
-        answers = {}
-        with httpx.Client(timeout=5) as client:
-            for port in live:
-                answers[port] = np.array([client.get(f"http://127.0.0.1:{port}/predict",
-                                                     params={"user": u, "item": i}).json()["rating"]
-                                          for u, i in pairs])
+        answers = dict(zip(live, agreeing_predictions(live, pairs)))
         mark("predicted")
         first = answers[replica]
         for port, values in answers.items():

@@ -7,12 +7,12 @@ import sys
 import threading
 import uuid
 
-import httpx
 import numpy as np
 import pytest
 
 from sketchrec.data import SyntheticStream
 from sketchrec.models.capabilities import DEFAULT_KIND
+from conftest import agreeing_predictions
 from test_fleet import Fleet, end_offsets, learned, send, single_learner_rmse, stats
 
 N = 60_000
@@ -83,13 +83,7 @@ def test_default_learner_fleet_kill_9_learns_every_rating_once(kafka_bootstrap, 
         assert all(figures[0]["offsets"][p] >= end for p, end in ends.items())
         rng = np.random.default_rng(5)
         pairs = list(zip(rng.choice(data.users, 300).tolist(), rng.choice(data.items, 300).tolist()))
-        answers = {}
-        with httpx.Client(timeout=5) as client:
-            for port in live:
-                got = [client.get(f"http://127.0.0.1:{port}/predict", params={"user": u, "item": i}).json()
-                       for u, i in pairs]
-                assert all("rating" in g for g in got), (port, got[0])
-                answers[port] = np.array([g["rating"] for g in got])
+        answers = dict(zip(live, agreeing_predictions(live, pairs)))
         for port, values in answers.items():
             assert np.max(np.abs(values - answers[replica])) < 1e-4, port
         fleet_rmse, single = figures[-1]["prequential_rmse"], single_learner_rmse(data, default_model())

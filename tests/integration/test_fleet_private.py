@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from sketchrec.data import SyntheticStream
+from conftest import agreeing_predictions
 from test_fleet import Fleet, _message, end_offsets, send, single_learner_rmse
 
 N = 24_000
@@ -85,9 +86,7 @@ def test_dp_fleet_kill_9_learns_every_rating_once_at_one_epsilon(kafka_bootstrap
         # its contents answers otherwise (accuracy alone cannot tell: a DP fleet whose members never
         # merge is about as close to one DP learner as one that does)
         pairs = list(zip(data.users[:100].tolist(), data.items[:100].tolist()))
-        predicted = [np.array([httpx.get(f"http://127.0.0.1:{p}/predict", params={"user": u, "item": i},
-                                         headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
-                                         ).json()["rating"] for u, i in pairs]) for p in replicas]
+        predicted = agreeing_predictions(replicas, pairs, headers={"Authorization": f"Bearer {TOKEN}"})
         assert np.max(np.abs(predicted[1] - predicted[0])) < 1e-4
         assert np.ptp(predicted[0]) > 0.05   # learned, not one constant answer
         fleet_rmse, single = figures[0]["prequential_rmse"], single_learner_rmse(data, member_model())

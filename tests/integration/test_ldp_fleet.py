@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 
 from sketchrec.data import SyntheticStream
+from conftest import agreeing_predictions
 from test_fleet import Fleet, compiled_kernels, end_offsets  # noqa: F401 - the kernels compiled first
 
 N = 12_000
@@ -88,8 +89,7 @@ def test_an_ldp_topic_is_learned_once_by_a_fleet_with_one_claim_through_a_kill_9
             assert figures["local_dp"]["raw"] == 0 and figures["local_dp"]["debiased"] is True
         assert all(a == answers[0] for a in answers), answers   # one claim, the same counts
         pairs = list(zip(data.users[:100].tolist(), data.items[:100].tolist()))
-        predicted = [np.array([get(p, "/predict", user=u, item=i)["rating"] for u, i in pairs])
-                     for p in ports]
+        predicted = agreeing_predictions(ports, pairs, headers=AUTH)
         for values in predicted[1:]:
             assert np.max(np.abs(values - predicted[0])) < 1e-4
         assert np.ptp(predicted[0]) > 0.1   # learned, not one constant answer
