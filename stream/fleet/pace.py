@@ -16,12 +16,12 @@ A DP model is left alone: a shorter interval would cut its noisy steps' batches,
 
 >>> from types import SimpleNamespace
 >>> tracker = SimpleNamespace(seq=0)
->>> hot = HotItems(SimpleNamespace(before_batch=[]), tracker)
->>> hot.observe(None, np.array([7] * 40 + list(range(100, 1060))))   # item 7: 40 of 1,000
+>>> hot = HotItems(SimpleNamespace(observers=[]), tracker)
+>>> hot.observe(None, np.array([7] * 40 + list(range(100, 1060))), None)   # item 7: 40 of 1,000
 >>> hot.bound(666, members=4)                                 # no finished interval yet
 666
 >>> tracker.seq = 1                                           # a take
->>> hot.observe(None, np.arange(10))
+>>> hot.observe(None, np.arange(10), None)
 >>> hot.bound(666, members=4), hot.bound(666, members=2)      # 8 steps of item 7 per member
 (200, 666)
 """
@@ -29,8 +29,6 @@ A DP model is left alone: a shorter interval would cut its noisy steps' batches,
 from __future__ import annotations
 
 import numpy as np
-
-from sketchrec.sketches.hashing import keys_of
 
 ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
 SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
@@ -43,12 +41,12 @@ FLOOR = 100      # ratings: the shortest interval the bound sets
 
 
 class HotItems:
-    """Counts the items a member learns between takes (``recommender.before_batch``) and bounds
-    its sync interval from three members on (module docstring).
+    """Counts the items a member learns between takes (``recommender.observers``: by the keys
+    the learner made of them) and bounds its sync interval from three members on (module docstring).
 
     Parameters
     ----------
-    recommender : the member's ``Recommender`` (its ``before_batch`` hooks get this counter).
+    recommender : the member's ``Recommender`` (its ``observers`` get this counter).
     tracker : its ``DeltaTracker`` (a take is seen as its ``seq`` moving on).
     private : a DP model: no bound.
 
@@ -60,22 +58,20 @@ class HotItems:
     def __init__(self, recommender, tracker, private: bool = False):
         self.tracker, self.private = tracker, private
         self.seq, self.items, self.rate = tracker.seq, [], None
-        recommender.before_batch.append(self.observe)
+        if not private:
+            recommender.observers.append(self.observe)
 
-    def observe(self, users, items) -> None:
-        """A batch about to be learned: its items counted towards the current interval (the
-        interval before is summed up first, once the tracker has taken it). Items are counted by
-        their hash keys: one poll's ids may be integers and the next one's text, and an id is the
-        same item either way (12 and "12" are one key to the model)."""
-        if self.private:
-            return
+    def observe(self, ukeys, ikeys: np.ndarray, real) -> None:
+        """A batch just learned: its items' keys (as the learner made them: one poll's ids may be
+        integers and the next one's text, and 12 and "12" are one key) counted towards the current
+        interval (the interval before is summed up first, once the tracker has taken it)."""
         if self.tracker.seq != self.seq:
             self.seq, counted, self.items = self.tracker.seq, self.items, []
             if counted:
                 keys = np.concatenate(counted)
                 # steps of the hottest item per rating of the interval
                 self.rate = np.unique(keys, return_counts=True)[1].max() / len(keys)
-        self.items.append(keys_of(items if isinstance(items, np.ndarray) else np.asarray(items)))
+        self.items.append(ikeys.copy())   # the learner's keys: kept until the next take
 
     def bound(self, every: int, members: int) -> int:
         """``every`` (the member's interval), shortened so that no item can take more than
