@@ -56,10 +56,10 @@ class _SpanLearner(KafkaLearner):
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
 
-    def _learn(self, records: dict) -> None:
+    def learn_poll(self, records: dict) -> None:
         if self.first is None:
             self.first = (time.process_time(), time.time())
-        super()._learn(records)
+        super().learn_poll(records)
         self.last = (time.process_time(), time.time())
 
 

@@ -85,7 +85,7 @@ class FleetLearner(KafkaLearner):
         self.refusal: str | None = None   # why this member stopped learning a topic (one line)
         self.own, self.first_at, self.last_at = 0, None, None   # this member's learning (figures)
         self.progress: list[tuple[float, int]] = []   # (time, own) every 50 ms or so (figures)
-        # large polls (a small one waits on a fetch round trip); _learn cuts them into sync-sized
+        # large polls (a small one waits on a fetch round trip); learn_poll cuts them into sync-sized
         # chunks and publishes between chunks
         super().__init__(service, bootstrap, topic, group, checkpoint_every=sync_ratings,
                          checkpoint_seconds=sync_ms / 1000.0, max_poll_records=max_poll_records,
@@ -95,13 +95,13 @@ class FleetLearner(KafkaLearner):
         self.book = OffsetBook({}, sync_ratings, sync_ms / 1000.0)
 
     # --- where state goes ------------------------------------------------------------------------
-    def _record(self, skipped, predictions=None, truth=None) -> None:
+    def tally(self, skipped, predictions=None, truth=None) -> None:
         if predictions is not None:
             self.errors.add(*finite_errors(predictions, truth))
         self.skipped_since.update(skipped)
         self.dead_letters.update(skipped)
 
-    def _seek(self, tps) -> None:
+    def resume_partitions(self, tps) -> None:
         """Partitions given to this member: claim them on the model topic and read it through
         the claim (from there on, no other member's delta covering them counts), then resume each
         partition after the last accepted delta covering it."""
@@ -123,7 +123,7 @@ class FleetLearner(KafkaLearner):
             self.consumer.seek(tp, at)
             self.book.offsets[p] = self.published[p] = at
 
-    def _learn(self, records: dict) -> None:
+    def learn_poll(self, records: dict) -> None:
         """Learn a poll's messages in chunks of about ``sync_ratings`` ratings, publishing a delta
         when one is due and adding the other members' deltas between chunks: replicas drift apart
         the more each learns alone between syncs, whatever the poll size. Each chunk's offsets are
@@ -139,9 +139,9 @@ class FleetLearner(KafkaLearner):
                 self.stop.set()   # nothing of the chunk learned: a fleet of this topic is refused
                 log_event("refused", logging.ERROR, error=self.refusal)
                 return
-            before = self.book._pending
-            super()._learn(chunk)
-            learned = self.book._pending - before
+            before = self.book.pending
+            super().learn_poll(chunk)
+            learned = self.book.pending - before
             self.own += learned
             messages = sum(len(batch) for batch in chunk.values())
             self.per_message = max(1.0, learned / max(messages, 1))
@@ -150,11 +150,11 @@ class FleetLearner(KafkaLearner):
                 self.progress.append((self.last_at, self.own))
             read = None
             if self.book.expired():
-                # the take's refresh of the held slots: by an apply now, else in _tick
+                # the take's refresh of the held slots: by an apply now, else in after_poll
                 self.checkpoint("interval", refresh=False)
                 if not self.alone:  # a slot for the model topic's fetches (big polls never wait)
                     read = self._read_feed(FEED_WAIT_MS)
-            self._tick(read)
+            self.after_poll(read)
         # a poll of at most POLL_CHUNKS chunks: big enough that most polls find fetched data,
         # small enough to stay far within the group's max poll interval on a loaded machine
         self.consumer.config["max_poll_records"] = min(self.max_poll, POLL_CHUNKS * self._chunk_messages())
@@ -242,7 +242,7 @@ class FleetLearner(KafkaLearner):
         """Publish what was learned since the last publish. Before giving partitions up (and
         for a snapshot, and at the end) wait until the broker acknowledged every delta. A
         fenced member publishes nothing more (it would be refused). ``refresh=False``: leave the
-        held slots as the take left them, to the caller's next apply or ``_tick``."""
+        held slots as the take left them, to the caller's next apply or ``after_poll``."""
         if self.fenced is not None:
             return False
         try:
@@ -328,7 +328,7 @@ class FleetLearner(KafkaLearner):
         self.stop.set()
         log_event("fenced", logging.ERROR, error=why)
 
-    def _tick(self, read: int | None = None) -> None:
+    def after_poll(self, read: int | None = None) -> None:
         """After each poll (or chunk): add the other members' deltas (unless ``read``, the number
         just read: a second poll right after it would find little and cost a fetch round); the
         holder of partition 0 snapshots."""

@@ -62,9 +62,16 @@ class KafkaLearner:
     a topic deleted and created again since the checkpoint (``on_new_topic`` "restart"; "refuse"
     raises ``identity.NewTopic``: ``kafka.identity``). Where the state is written is ``sink``'s
     (``stream.sink``: local checkpoints by default, a fleet member's snapshots on the model
-    topic); ``write_state`` writes through it whichever it is. The fleet member
-    (``stream.fleet.member.FleetLearner``) still replaces ``checkpoint`` (its deltas), ``_seek``,
-    ``_record`` and ``_tick``."""
+    topic); ``write_state`` writes through it whichever it is.
+
+    Extension points: a subclass changes the loop only through these public methods (the fleet
+    member, ``stream.fleet.member.FleetLearner``, replaces each; no private one is overridden):
+    ``resume_partitions(tps)`` where newly assigned partitions resume; ``learn_poll(records)`` how
+    one poll is learned; ``tally(skipped, predictions, truth)`` where a batch's counts and errors
+    go; ``after_poll()`` what runs after every poll; ``checkpoint(why)`` what making the state
+    durable means; ``run`` the loop itself."""
+
+    EXTENSION_POINTS = ("resume_partitions", "learn_poll", "tally", "after_poll", "checkpoint", "run")
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str | None = None,
                  dead_topic: str | None = None, rating_range: tuple[float, float] | None = (0.5, 5.0),
@@ -130,7 +137,7 @@ class KafkaLearner:
 
             def on_partitions_assigned(self, assigned):
                 log_event("rebalance", assigned=sorted(tp.partition for tp in assigned))
-                learner._seek(assigned)
+                learner.resume_partitions(assigned)
 
         if self.group:
             self.consumer.subscribe([self.topic], listener=Listener())
@@ -138,7 +145,7 @@ class KafkaLearner:
             partitions = self._partitions()
             tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
             self.consumer.assign(tps)
-            self._seek(tps)
+            self.resume_partitions(tps)
 
     def _partitions(self, timeout: float = 30.0) -> set[int]:
         deadline = time.monotonic() + timeout
@@ -149,7 +156,10 @@ class KafkaLearner:
             time.sleep(0.2)
         raise RuntimeError(f"topic {self.topic!r} not found on the broker")
 
-    def _seek(self, tps) -> None:
+    def resume_partitions(self, tps) -> None:
+        """Partitions just assigned (on the listener's thread with a group): each resumes at the
+        offset its state recorded, else at its beginning without a group or ``from_beginning``,
+        else where the group committed."""
         for tp in tps:
             known = self.book.position(tp.partition)
             if known is not None:
@@ -183,11 +193,11 @@ class KafkaLearner:
                     self._lost(exc)
                     continue
                 self._watch(records)
-                self._tick()
+                self.after_poll()
                 # a set-aside batch (None) is data; joining a group is not idleness
                 if records is None or records or not self.consumer.assignment():
                     if records:
-                        self._learn(records)
+                        self.learn_poll(records)
                     last_data = time.monotonic()
                 elif idle_exit is not None and time.monotonic() - last_data > idle_exit:
                     # idle means drained: a fetch that stalls longer than idle_exit (a loaded
@@ -248,7 +258,7 @@ class KafkaLearner:
         elif not connected and was is not False:
             log_event("lose", logging.WARNING, error=self.health.last_error)
 
-    def _tick(self) -> None:
+    def after_poll(self) -> None:
         """After each poll: nothing here (a fleet member reads the model topic)."""
 
     def _lost(self, exc: Exception) -> None:
@@ -259,7 +269,7 @@ class KafkaLearner:
         self.health.broker_lost(f"{type(exc).__name__}: {exc}")
         time.sleep(0.5)
 
-    def _learn(self, records: dict) -> None:
+    def learn_poll(self, records: dict) -> None:
         """Learn a poll: its messages read (``kafka.intake``: every rejection named, never a
         raise), the rejected dead-lettered, the rest learned in one batch, the offsets stored."""
         poll = read_poll(records, self.rating_range, self.service.record_origin)
@@ -277,18 +287,18 @@ class KafkaLearner:
                 return  # nothing stored: these messages are consumed again after the restart
         if len(ratings):
             predictions = self.service.recommender.learn_many(poll.users, poll.items, ratings)
-            self._record(skipped, predictions, ratings)
+            self.tally(skipped, predictions, ratings)
         else:
-            self._record(skipped)
+            self.tally(skipped)
         self.book.store(poll.offsets, len(ratings) + sum(skipped.values()))
 
     def _set_aside(self, batch: codec_errors.UnreadableBatch) -> None:
         """A batch whose codec cannot be read: counted, dead-lettered whole, stepped over."""
-        self._record({batch.reason: batch.messages})
+        self.tally({batch.reason: batch.messages})
         self._dead_letter(batch.dead_letter())
         self.book.store({batch.partition: batch.next_offset}, batch.messages)
 
-    def _record(self, skipped: Counter | dict, predictions=None, truth=None) -> None:
+    def tally(self, skipped: Counter | dict, predictions=None, truth=None) -> None:
         """Count a batch's skipped ratings and prequential errors into the checkpointed state."""
         if predictions is not None:
             self.service.errors.add(*finite_errors(predictions, truth))

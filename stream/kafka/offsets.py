@@ -11,8 +11,8 @@ checkpoint and reports it on /stats; its keys are partitions as text (JSON objec
 >>> book.expired(), book.offsets, book.position(0), book.position(2)
 (False, {'0': 10, '1': 4}, 10, None)
 >>> book.store({0: 12}, handled=1)
->>> book.expired(), book.to_commit({0})
-(True, {0: 12})
+>>> book.expired(), book.to_commit({0}), book.pending
+(True, {0: 12}, 3)
 >>> book.checkpointed()
 >>> book.expired()
 False
@@ -33,6 +33,11 @@ class OffsetBook:
         self._pending = 0                 # ratings handled since the last checkpoint
         self._last = time.monotonic()     # when the last checkpoint was made durable
         self._retry_at = 0.0              # after a failed checkpoint: not due before this
+
+    @property
+    def pending(self) -> int:
+        """Ratings handled (learned or set aside) since the last checkpoint."""
+        return self._pending
 
     def position(self, partition: int) -> int | None:
         """The next offset to consume in ``partition``, or None if it was never consumed."""

@@ -76,7 +76,7 @@ def test_the_consumer_never_dies_on_a_message(bare_learner, batch):
     tp = TopicPartition("t", 0)
     start = bare_learner.book.position(0) or 0
     msgs = [types.SimpleNamespace(value=v, headers=h, offset=start + n) for n, (v, h) in enumerate(batch)]
-    bare_learner._learn({tp: msgs})
+    bare_learner.learn_poll({tp: msgs})
     assert bare_learner.book.position(0) == start + len(batch)  # every message handled
 
 

@@ -86,7 +86,7 @@ def test_a_snapshot_meeting_a_stalled_broker_is_tried_again_later(member, caplog
 def test_the_model_topic_read_and_the_tick_survive_a_stalled_broker(member):
     assert member._read_feed(0) == 0      # before: the poll's error escaped
     member.last_snapshot = time.monotonic()   # no snapshot due
-    member._tick()
+    member.after_poll()
     assert member.fenced is None and "model topic read" in member.outages.failing
 
 

@@ -1,5 +1,5 @@
 """No message stops learning: arbitrary message values through the consumer's real message path
-(``KafkaLearner._learn``, which the fleet member's ``_learn`` calls per chunk), without a broker.
+(``KafkaLearner.learn_poll``, which the fleet member's ``learn_poll`` calls per chunk), without a broker.
 
 Each poll of arbitrary messages (any unicode in ids, lone surrogates among them, NUL, 10 kB
 strings, ints of any size, nested JSON, bytes that are not UTF-8, CSV and JSON, batches) must be
@@ -97,7 +97,7 @@ def single(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def member():
-    """A fleet member's message handling (``FleetLearner._learn``: chunks, publishes, the model
+    """A fleet member's message handling (``FleetLearner.learn_poll``: chunks, publishes, the model
     topic) over fakes of its broker clients."""
     from sketchrec.models.metrics import ErrorStats
     from sketchrec.stream.fleet.member import FleetLearner
@@ -165,7 +165,7 @@ def _check(learner, batch, skipped_before: Counter, learned_before: int, letters
 def test_no_message_stops_the_single_consumer(single, batch):
     tp, start, records = _poll(single, batch)
     before = Counter(single.dead_letters), single.service.ratings_learned, len(single.producer.sent)
-    single._learn(records)
+    single.learn_poll(records)
     assert single.book.position(0) == start + len(batch)   # every message handled
     _check(single, batch, *before, Counter(single.dead_letters))
 
@@ -176,7 +176,7 @@ def test_no_message_stops_the_single_consumer(single, batch):
 def test_no_message_stops_a_fleet_member(member, batch):
     tp, start, records = _poll(member, batch)
     before = Counter(member.dead_letters), member.service.ratings_learned, len(member.producer.sent)
-    member._learn(records)
+    member.learn_poll(records)
     assert member.fenced is None
     assert member.book.position(0) == start + len(batch)
     _check(member, batch, *before, Counter(member.dead_letters))
@@ -196,7 +196,7 @@ def test_the_lone_surrogate_message_is_set_aside_and_learning_goes_on(single, me
         learned = learner.service.ratings_learned
         letters = len(learner.producer.sent)
         tp, start, records = _poll(learner, batch)
-        learner._learn(records)
+        learner.learn_poll(records)
         assert learner.service.ratings_learned - learned == 2
         reasons = [json.loads(v)["reason"] for _, v, _ in learner.producer.sent[letters:]]
         assert reasons == ["id not valid Unicode (lone surrogate)"] * 2
@@ -209,6 +209,6 @@ def test_one_extreme_rating_leaves_the_prequential_error_finite(tmp_path):
     learner.rating_range = None
     for values in ([b"1,2,4", b"3,4,3"], [b"1,2,1e300"], [b"5,6,4"]):
         tp, start, records = _poll(learner, [(v, None) for v in values])
-        learner._learn(records)
+        learner.learn_poll(records)
     rmse = learner.service.stats()["prequential_rmse"]
     assert rmse is not None and math.isfinite(rmse) and rmse < 10
