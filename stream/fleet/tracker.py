@@ -99,8 +99,8 @@ from sketchrec import frame
 from sketchrec.stream.fleet.delta_codec import distinct
 from sketchrec.privacy.audit import real_rows
 from sketchrec.stream.fleet.model_replicas import replica_for
-from sketchrec.sketches import serial
-from sketchrec.sketches.hashing import pair_keys
+from sketchrec.sketches import HeavyHitters, serial
+from sketchrec.sketches.hashing import as_keys, pair_keys
 
 MAGIC, VERSION = b"SKRD", 3   # 3: no CRC of its own (the frame's); 2: floats not compressed
 # take/apply re-rank the popular list at most once per RERANK_S CPU-seconds of this process (see
@@ -143,6 +143,7 @@ class DeltaTracker:
         self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
         self._received: set = set()                    # items after that which came by apply
         self._rerank, self._reranked_at = False, 0.0    # popular list: counts moved since / when
+        recommender.popularity = _Counted.of(recommender.popularity)
         recommender.observers.append(self._observe)
         recommender.before_learning.append(self.ready)   # held slots' rows up to date
         recommender.before_batch.append(self._ahead)
@@ -255,6 +256,24 @@ class DeltaTracker:
         h.update(json.dumps([rec.popularity.sketch.total, rec.popularity.most_common()],
                             default=str).encode())
         return h.hexdigest()[:16]
+
+
+class _Counted(HeavyHitters):
+    """A replica's popular-items list: a learned batch only counts its items in the count-min
+    sketch, and the list is re-ranked over the catalogue (``rerank_popular``: at take and apply
+    at most every ``RERANK_S``, and at ``settle``), which is what makes replicas list the same
+    items. ``HeavyHitters.add_many`` also merged the batch's new ids into the list and trimmed
+    it, re-estimating every listed id: at a fleet member's sync-sized batches that cost a third
+    as much as learning them, for a list the next re-rank replaces."""
+
+    @classmethod
+    def of(cls, popular: HeavyHitters) -> "_Counted":
+        counted = cls(popular.capacity, popular.sketch)
+        counted._tracked = popular._tracked
+        return counted
+
+    def add_many(self, ids, keys=None, counts=None) -> None:
+        self.sketch.add_many(as_keys(ids) if keys is None else keys, counts)
 
 
 def rerank_popular(rec) -> None:
