@@ -33,9 +33,12 @@ _EMPTY = np.empty(0, np.uint64)
 # others of ``state_arrays()`` (statistics, counters, DP steps, AdaGrad's sums) go through an
 # ArrayReplica beside it
 _WALKED = ("vectors", "biases")
-# deferred replicas: takes and applies between two refreshes of every held slot's row (the
-# refresh hashes every held id's cells: on a fleet member it cost more than learning, py-spy)
-FULL_REFRESH_EVERY = 8
+# deferred replicas: ratings the replica's model learned or applied (its n_learned) between two
+# refreshes of every held slot's row (the refresh hashes every held id's cells: on a fleet member
+# it cost more than learning, py-spy). Counted in ratings, not in takes and applies: those come
+# (M - 1) / interval per rating, 3x as often per rating at M = 4 as at M = 2 for the same lag;
+# about 8 takes and applies of 2,000 ratings (M = 2)
+FULL_REFRESH_RATINGS = 16_000
 
 
 class ModelReplica:
@@ -80,8 +83,8 @@ class ModelReplica:
         self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
         self._masks: tuple | None = None
         # deferred: a take or apply leaves the held slots' rows stale, for ready() to refresh,
-        # which it does every FULL_REFRESH_EVERY of them (or when told: settle, a snapshot)
-        self.deferred, self.stale, self._stale_events = deferred, False, 0
+        # which it does every FULL_REFRESH_RATINGS (or when told: settle, a snapshot)
+        self.deferred, self.stale, self._refreshed_at = deferred, False, model.n_learned
         self._admitted = 0   # of slots.pending, admitted ahead of a batch (ahead) already
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
@@ -211,19 +214,21 @@ class ModelReplica:
 
     def _went_stale(self) -> None:
         self.stale = True
-        self._stale_events += 1
         self.ready()
 
     def ready(self, full: bool = False) -> None:
         """Refresh the held slots' rows where a take or apply left them stale. Not deferred: at
-        once. Deferred: every ``FULL_REFRESH_EVERY`` takes and applies, or now if ``full``
+        once. Deferred: once the model learned or applied ``FULL_REFRESH_RATINGS`` ratings since
+        the last refresh, or now if ``full``
         (before the state is read as a whole: a digest, a snapshot, a settled replica). Until
         then a held id's row lags only what collisions moved in its cells (learning on a held id
         goes to its slot, and an apply moves the rows whose residuals it moved at once: _follow);
         its local learning is kept either way (a refresh adds it back on)."""
-        if self.stale and (full or not self.deferred or self._stale_events >= FULL_REFRESH_EVERY):
+        learned = self.model.n_learned
+        if self.stale and (full or not self.deferred
+                           or learned - self._refreshed_at >= FULL_REFRESH_RATINGS):
             self.slots.refresh()
-            self.stale, self._stale_events = False, 0
+            self.stale, self._refreshed_at = False, learned
 
     # --- apply --------------------------------------------------------------------------------------
     def apply(self, arrays: dict[str, np.ndarray]) -> None:
@@ -255,7 +260,7 @@ class ModelReplica:
         S, at once: a row is S + the id's estimate + local learning, and only S moved. Cheaper
         than refreshing them (which hashes each id's cells again: at M = 4 it was the apply's
         largest part); what collisions moved in their cells waits for the next refresh (every
-        ``FULL_REFRESH_EVERY`` takes and applies, and at ``ready(full=True)``), which also
+        ``FULL_REFRESH_RATINGS``, and at ``ready(full=True)``), which also
         recomputes each view from S in float64, so a settled replica is the same either way."""
         inside = held >= 0
         slots, change = held[inside], rows[inside].astype(np.float32)

@@ -60,10 +60,10 @@ pass, or every cell in one branch-free pass once the rows learned since the last
 as many cells as the model has (float32; ML-100k at 2,000-rating takes moves ~70% of them);
 ``apply`` the delta's size. The held slots' rows (``models.fleet_slots``: depth x light_dim
 hashed reads each, one compiled pass) move with the residuals an apply adds to them, at once,
-and are all refreshed every ``models.replica.FULL_REFRESH_EVERY`` takes and applies, at ``settle`` (so
-before a digest or snapshot) and at ``ready(full=True)``; in between a held id's row lags only
-what collisions moved in its cells (a fleet member calls ``ready`` when it polls and before it
-learns); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
+and are all refreshed every ``deltas.FULL_REFRESH_RATINGS`` ratings learned or applied, at
+``settle`` (so before a digest or snapshot) and at ``ready(full=True)``; in between a held id's
+row lags only what collisions moved in its cells (a fleet member calls ``ready`` when it polls
+and before it learns); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
 (O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default heavy fraction,
 sketch sized for its 2,625 ids): 288 bytes per rating (float32; 182 with
 ``precision="float16"``; 50 at 10,000-rating takes; 277, 170 and 47 when the float changes

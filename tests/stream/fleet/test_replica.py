@@ -243,8 +243,8 @@ def test_a_bitmap_that_does_not_match_its_values_is_refused():
 
 
 def test_an_apply_moves_at_once_the_rows_of_the_held_slots_whose_residuals_it_moved(stream, monkeypatch):
-    """A fleet replica (deferred) refreshes every held slot only every FULL_REFRESH_EVERY takes
-    and applies; the rows of the slots an apply moved the residuals of move with them at once
+    """A fleet replica (deferred) refreshes every held slot only every FULL_REFRESH_RATINGS ratings
+    learned or applied; the rows of the slots an apply moved the residuals of move with them at once
     (a row is S + the id's estimate + local learning, and S moved), so the other members'
     learning on held ids is learned from at once: what a full refresh still changes is only what
     collisions moved in their cells. A replica whose apply left those rows as they were would
