@@ -5,7 +5,7 @@ process's resident memory sampled as the stream goes."""
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -16,11 +16,14 @@ MAX_TABLE = 1 << 22    # ids a table of keys may span (32 MB)
 
 
 def hashed_once(batches: Iterable[Ratings], data: Ratings | None) -> Iterator[Ratings]:
-    """The batches with their integer ids replaced by their public 64-bit keys
-    (``sketches.hashing.keys_of``), each distinct id hashed once into a table over the ids' span
-    instead of once per rating; the batches unchanged when a column is not integers, or spans
-    more than MAX_TABLE ids or more ids than it has rows. For a learner that hashes ids with
-    the public hash and takes keys as they are (``models.wrapped.Wrapped``): the same keys.
+    """The batches with their ids replaced by their public 64-bit keys
+    (``sketches.hashing.keys_of``), each distinct id hashed once instead of once per rating:
+    integer ids through a table over the ids' span, text ids held as codes (``Ratings.coded``)
+    through their vocabulary's keys. The batches unchanged when a column is neither, or spans
+    more than MAX_TABLE ids or more ids than it has rows, or its vocabulary holds an audit
+    canary's id (``privacy.audit.real_rows`` must still see those). For a learner that hashes
+    ids with the public hash and takes keys as they are (``models.wrapped.Wrapped``): the same
+    keys.
 
     >>> from sketchrec.sketches.hashing import keys_of
     >>> data = Ratings(np.array([7, 5, 7]), np.array([1, 2, 3]), np.ones(3), np.zeros(3, np.int64))
@@ -28,25 +31,38 @@ def hashed_once(batches: Iterable[Ratings], data: Ratings | None) -> Iterator[Ra
     >>> bool((batch.users == keys_of(data.users)).all() and (batch.items == keys_of(data.items)).all())
     True
     """
-    tables = [None, None] if data is None else [_table(data.users), _table(data.items)]
+    tables = [None, None] if data is None else [_table(data, "users"), _table(data, "items")]
     if None in tables:
         yield from batches
         return
-    (u_low, u_keys), (i_low, i_keys) = tables
+    users, items = tables
     for batch in batches:
-        yield Ratings(u_keys[batch.users - u_low], i_keys[batch.items - i_low], batch.ratings,
-                      batch.timestamps)
+        yield Ratings(users(batch), items(batch), batch.ratings, batch.timestamps)
 
 
-def _table(ids: np.ndarray) -> tuple[int, np.ndarray] | None:
-    """(least id, the keys of every id from it to the greatest), or None (see hashed_once)."""
+def _table(data: Ratings, name: str) -> Callable[[Ratings], np.ndarray] | None:
+    """The map from a batch to its column's keys (see hashed_once), or None."""
+    from sketchrec.sketches.hashing import keys_of
+    coded = data.coded(name)
+    if coded is not None:
+        from sketchrec.privacy.audit import is_canary
+        names = coded.vocab.names()
+        if is_canary(names).any():
+            return None
+        keys = keys_of(names)
+
+        def lookup(batch: Ratings) -> np.ndarray:
+            mine = batch.coded(name)
+            return keys[mine.codes] if mine is not None and mine.vocab is coded.vocab else keys_of(getattr(batch, name))
+        return lookup
+    ids = data.column(name)
     if ids.dtype.kind != "i" or len(ids) == 0:
         return None
     low, high = int(ids.min()), int(ids.max())
     if high - low >= min(MAX_TABLE, len(ids)):
         return None
-    from sketchrec.sketches.hashing import keys_of
-    return low, keys_of(np.arange(low, high + 1, dtype=np.int64))
+    keys = keys_of(np.arange(low, high + 1, dtype=np.int64))
+    return lambda batch: keys[batch.column(name) - low]
 
 
 def with_canaries(batches: Iterable[Ratings], canaries, total: int, seed: int) -> Iterator[Ratings]:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from sketchrec.formats import Layout
 from sketchrec.line_fields import decimal_block
+from sketchrec.text_ids import Coded, Vocabulary, all_decimal, utf8_buffers
 
 MAX_ID_LENGTH = 256
 BLOCK_BYTES = 2 << 20        # bytes of text per block a parse converts at once
@@ -61,9 +62,9 @@ def text_blocks(path: str | Path, codec: str | None, skip: int, dropped: list[in
         yield batch.column(0)
 
 
-def split_block(lines: pa.Array, layout: Layout, interned: dict | None = None) -> Block:
-    """A block of lines: split, fields converted, bad rows set aside by reason (text ids through
-    ``interned``: see ``settle_ids``)."""
+def split_block(lines: pa.Array, layout: Layout, vocab: Vocabulary | None = None) -> Block:
+    """A block of lines: split, fields converted, bad rows set aside by reason (text ids as
+    codes into ``vocab``: see ``settle_ids``)."""
     fast = decimal_block(lines, layout.sep, layout.width, layout.index)
     if fast is not None:   # plain decimal lines: one compiled pass (sketchrec.line_fields)
         return Block(*fast, [], lambda r: _text(lines, r))
@@ -76,17 +77,17 @@ def split_block(lines: pa.Array, layout: Layout, interned: dict | None = None) -
         parts = parts.filter(pa.array(keep))
     fields = {role: pc.list_element(parts, i) for role, i in layout.index.items()}
     rows = np.flatnonzero(keep) if not keep.all() else None
-    return _convert(fields, len(parts), rows, rejected, lambda r: _text(lines, r), interned)
+    return _convert(fields, len(parts), rows, rejected, lambda r: _text(lines, r), vocab)
 
 
-def parquet_block(batch: pa.RecordBatch, layout: Layout, interned: dict | None = None) -> Block:
+def parquet_block(batch: pa.RecordBatch, layout: Layout, vocab: Vocabulary | None = None) -> Block:
     """A Parquet batch's columns converted (a row's text is its values joined by commas)."""
     fields = {role: batch.column(i) for role, i in layout.index.items()}
     texts = lambda r: ",".join(str(batch.column(i)[int(r)].as_py()) for i in layout.index.values())
-    return _convert(fields, batch.num_rows, None, [], texts, interned)
+    return _convert(fields, batch.num_rows, None, [], texts, vocab)
 
 
-def _convert(fields: dict, n: int, rows, rejected: list, texts, interned: dict | None) -> Block:
+def _convert(fields: dict, n: int, rows, rejected: list, texts, vocab: Vocabulary | None) -> Block:
     """Each role's column converted; a row any column refuses is set aside by the first reason
     (UTF-8 first, then user, item, rating and timestamp, as a line is read left to right)."""
     problems: list[tuple[str, np.ndarray]] = []
@@ -110,7 +111,7 @@ def _convert(fields: dict, n: int, rows, rejected: list, texts, interned: dict |
                 rejected.append((reason, at if rows is None else rows[at]))
         good = ~taken
         ratings, stamps = ratings[good], stamps[good]
-    users, items = settle_ids(users, good, interned), settle_ids(items, good, interned)
+    users, items = settle_ids(users, good, vocab), settle_ids(items, good, vocab)
     return Block(users, items, ratings, stamps, rejected, texts)
 
 
@@ -181,17 +182,21 @@ def ids(column: pa.Array) -> tuple[np.ndarray | pa.Array, list]:
 
 
 def settle_ids(values: np.ndarray | pa.Array, good: np.ndarray | None,
-               interned: dict | None = None) -> np.ndarray:
-    """The kept rows' ids as numpy: int64 when every one is decimal digits (fewer than 19), else
-    an object array of str (a decimal id written as its int's text, leading zeros dropped).
-    With ``interned`` (a dict kept across a file's blocks) each distinct id is the one str object
-    the dict holds for it, whichever block it comes from: a file's text ids cost one object each,
-    not one per block they appear in (hundreds of MB of copies on a 10M-rating file)."""
+               vocab: Vocabulary | None = None) -> np.ndarray | Coded:
+    """The kept rows' ids: int64 when every one is decimal digits (fewer than 19); else, with
+    ``vocab`` (kept across a file's blocks), their codes in it (``Coded``: each distinct id's
+    text held once for the whole file, no Python object per row); else an object array of str,
+    one object per distinct id of the block. A decimal id among text ones is its int's text
+    (leading zeros dropped), in either form."""
     if isinstance(values, np.ndarray):
         return values if good is None else values[good]
     text = values if good is None else values.filter(pa.array(good))
-    # one Python str per distinct id, shared by its rows (not one per row): the rows hold
-    # pointers, and hashing (sketches.hashing.keys_of) finds a repeated id by identity
+    if vocab is not None and not text.null_count:
+        offsets, data = utf8_buffers(text)
+        if not all_decimal(offsets, data):
+            return Coded(vocab.codes(text), vocab)
+        return pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
+    # one Python str per distinct id, shared by its rows (not one per row)
     encoded = pc.dictionary_encode(text, null_encoding="encode")
     pattern = pc.match_substring_regex(encoded.dictionary, r"^[0-9]{1,18}$")
     digits = pc.fill_null(pattern, False).to_numpy(zero_copy_only=False)
@@ -200,8 +205,6 @@ def settle_ids(values: np.ndarray | pa.Array, good: np.ndarray | None,
     names = encoded.dictionary.to_numpy(zero_copy_only=False)
     if digits.any():
         names[digits] = [str(int(v)) for v in names[digits]]
-    if interned is not None:
-        names = np.array([interned.setdefault(v, v) for v in names.tolist()] or [], dtype=object)
     return names[encoded.indices.to_numpy(zero_copy_only=False)]
 
 

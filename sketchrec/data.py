@@ -19,6 +19,7 @@ from sketchrec.ratings import (FIELDS, FORMAT_RANGES, FORMATS, LEARN_RANGE_FROM,
                                Ratings, ScaleError, detect_format, parse_line)
 from sketchrec.reader import RatingFile
 from sketchrec.synthetic import SyntheticStream
+from sketchrec.text_ids import Coded
 
 
 def read_ratings(path: str | Path, report: ParseReport | None = None,
@@ -36,13 +37,13 @@ def gather(chunks) -> Ratings:
     """The chunks as one batch, in the memory of the result and one chunk: each chunk is copied
     into columns that grow in place (numpy's resize reallocates a large array by remapping its
     pages, without a second copy). Ids that are ints in one chunk and text in another all
-    become text (one id, one key: sketches.hashing)."""
+    become text (one id, one key: sketches.hashing); text ids held as codes stay codes."""
     columns: list = []
     n = 0
     for chunk in chunks:
-        parts = [getattr(chunk, name) for name in FIELDS]
+        parts = [chunk.column(name) for name in FIELDS]
         if not columns:
-            columns = [_Column(p.dtype) for p in parts]
+            columns = [_Column(p) for p in parts]
         for column, part in zip(columns, parts):
             column.put(n, part)
         n += len(chunk)
@@ -53,13 +54,29 @@ def gather(chunks) -> Ratings:
 
 
 class _Column:
-    """A column filled chunk by chunk, grown in place (or, for text ids, kept as pieces)."""
+    """A column filled chunk by chunk, grown in place: numbers, or text ids' codes into one
+    vocabulary (``Coded``), or text ids as object arrays kept as pieces."""
 
-    def __init__(self, dtype) -> None:
+    def __init__(self, first) -> None:
+        dtype = np.int32 if isinstance(first, Coded) else first.dtype
         self.array = np.empty(1 << 16, dtype) if dtype != object else None
+        self.vocab = first.vocab if isinstance(first, Coded) else None
         self.pieces: list[np.ndarray] = []
 
-    def put(self, at: int, part: np.ndarray) -> None:
+    def put(self, at: int, part) -> None:
+        if isinstance(part, Coded) and self.vocab is None and self.array is not None:
+            # codes after int ids: the ints become the codes of their text
+            self.array, self.vocab = part.vocab.int_codes(self.array[:at]), part.vocab
+        if self.vocab is not None:
+            if isinstance(part, Coded) and part.vocab is self.vocab:
+                part = part.codes
+            elif isinstance(part, np.ndarray) and part.dtype.kind in "iu":
+                part = self.vocab.int_codes(part)
+            else:   # ids of another kind: every id an object from here on
+                self.pieces, self.array = [Coded(self.array[:at], self.vocab).ids()], None
+                self.vocab = None
+        if isinstance(part, Coded):
+            part = part.ids()
         if self.array is not None and part.dtype == object:   # text ids after int ones: all text
             self.pieces, self.array = [self.array[:at].astype(str).astype(object)], None
         if self.array is None:
@@ -69,11 +86,11 @@ class _Column:
             self.array.resize(max(at + len(part), int(len(self.array) * 1.5)), refcheck=False)
         self.array[at:at + len(part)] = part
 
-    def done(self, n: int) -> np.ndarray:
+    def done(self, n: int):
         if self.array is None:
             return np.concatenate(self.pieces) if self.pieces else np.empty(0, object)
         self.array.resize(n, refcheck=False)
-        return self.array
+        return self.array if self.vocab is None else Coded(self.array, self.vocab)
 
 
 def _release_arrow_memory() -> None:

@@ -14,6 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from sketchrec.chunks import MAX_ID_LENGTH
+from sketchrec.text_ids import Coded, count_distinct
 
 FORMATS = {
     "movielens-csv": ",",   # ml-latest(-small)/ml-25m ratings.csv: userId,movieId,rating,timestamp + header
@@ -26,20 +27,69 @@ FORMAT_RANGES = {"ml-100k": (1.0, 5.0), "ml-1m": (1.0, 5.0), "movielens-csv": (0
 LEARN_RANGE_FROM = 1_000   # ratings a range is learned from when the format declares none
 
 
-@dataclass
 class Ratings:
-    """A batch of rating tuples as aligned columns."""
+    """A batch of rating tuples as aligned columns.
 
-    users: np.ndarray
-    items: np.ndarray
-    ratings: np.ndarray
-    timestamps: np.ndarray
+    A column of text ids may be held as int32 codes into the file's ``Vocabulary``
+    (sketchrec.text_ids: ``Coded``): ``users`` and ``items`` are then built from the codes when
+    read (an object array of str, each id one object), while taking, sorting, counting and
+    hashing work on the codes (``coded``), so a file of text ids costs no Python object per
+    rating on the way to the learner.
+
+    Parameters
+    ----------
+    users, items : numpy arrays of ids, or ``Coded`` columns
+    ratings : float64 array
+    timestamps : int64 array
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> from sketchrec.text_ids import Coded, Vocabulary
+    >>> vocab = Vocabulary()
+    >>> batch = Ratings(Coded(vocab.codes(pa.array(["ann", "bob", "ann"])), vocab), np.array([7, 8, 7]),
+    ...                 np.ones(3), np.zeros(3, np.int64))
+    >>> batch.take([2, 1]).users.tolist(), batch.n_ids()
+    (['ann', 'bob'], 4)
+    """
+
+    def __init__(self, users, items, ratings: np.ndarray, timestamps: np.ndarray) -> None:
+        self._ids: dict = {"users": users, "items": items}   # ndarray or Coded
+        self._plain: dict = {}                                 # a Coded column's ids, once built
+        self.ratings, self.timestamps = ratings, timestamps
+
+    def _ids_of(self, name: str) -> np.ndarray:
+        column = self._ids[name]
+        if not isinstance(column, Coded):
+            return column
+        if name not in self._plain:
+            self._plain[name] = column.ids()
+        return self._plain[name]
+
+    def _set(self, name: str, value) -> None:
+        self._ids[name] = value
+        self._plain.pop(name, None)
+
+    users = property(lambda self: self._ids_of("users"), lambda self, v: self._set("users", v))
+    items = property(lambda self: self._ids_of("items"), lambda self, v: self._set("items", v))
+
+    def column(self, name: str):
+        """A column as held: an ndarray, or for text ids held as codes their ``Coded``."""
+        return self._ids[name] if name in self._ids else getattr(self, name)
+
+    def coded(self, name: str) -> Coded | None:
+        """The ``Coded`` column of ``users`` or ``items``, or None when it holds the ids."""
+        column = self._ids[name]
+        return column if isinstance(column, Coded) else None
 
     def __len__(self) -> int:
         return int(self.ratings.shape[0])
 
+    def __repr__(self) -> str:
+        return f"Ratings({len(self)} ratings)"
+
     def take(self, index) -> "Ratings":
-        return Ratings(self.users[index], self.items[index], self.ratings[index], self.timestamps[index])
+        return Ratings(*(_take(self.column(name), index) for name in FIELDS))
 
     def n_ids(self) -> int:
         """Distinct users plus distinct items: the ``capacity`` a sketch is sized for.
@@ -47,7 +97,7 @@ class Ratings:
         >>> Ratings(np.array([1, 1, 2]), np.array([7, 8, 7]), np.ones(3), np.zeros(3)).n_ids()
         4
         """
-        return n_distinct(self.users) + n_distinct(self.items)
+        return sum(_n_distinct(self.column(name)) for name in ("users", "items"))
 
     def batches(self, size: int) -> Iterator["Ratings"]:
         for start in range(0, len(self), size):
@@ -55,7 +105,9 @@ class Ratings:
 
     @staticmethod
     def concat(parts: list["Ratings"]) -> "Ratings":
-        return Ratings(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
+        """The parts one after another (a text id column stays coded when every part's column
+        is coded in one vocabulary)."""
+        return Ratings(*(_concat([p.column(name) for p in parts]) for name in FIELDS))
 
     def sort_by_time(self) -> None:
         """Order by timestamp (stable), in place, a column at a time: the sort's extra memory is
@@ -63,8 +115,26 @@ class Ratings:
         if len(self) < 2 or bool(np.all(self.timestamps[1:] >= self.timestamps[:-1])):
             return   # already in time order (a file without timestamps stays in file order)
         order = stable_order(self.timestamps)
-        for name in FIELDS:
-            setattr(self, name, getattr(self, name)[order])
+        for name in ("users", "items"):
+            self._set(name, _take(self._ids[name], order))
+        self.ratings, self.timestamps = self.ratings[order], self.timestamps[order]
+
+
+def _take(column, index):
+    return Coded(column.codes[index], column.vocab) if isinstance(column, Coded) else column[index]
+
+
+def _concat(columns: list):
+    first = columns[0]
+    if isinstance(first, Coded) and all(isinstance(c, Coded) and c.vocab is first.vocab for c in columns):
+        return Coded(np.concatenate([c.codes for c in columns]), first.vocab)
+    return np.concatenate([c.ids() if isinstance(c, Coded) else c for c in columns])
+
+
+def _n_distinct(column) -> int:
+    if isinstance(column, Coded):
+        return count_distinct(column.codes, len(column.vocab))
+    return n_distinct(column)
 
 
 FIELDS = ("users", "items", "ratings", "timestamps")

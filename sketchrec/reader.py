@@ -11,6 +11,7 @@ import numpy as np
 
 from sketchrec.chunks import PARQUET_ROWS, parquet_block, split_block, text_blocks
 from sketchrec.ratings import LEARN_RANGE_FROM, ParseReport, RangeCheck, Ratings
+from sketchrec.text_ids import Coded, Vocabulary
 
 
 class RatingFile:
@@ -18,7 +19,7 @@ class RatingFile:
 
     ``rating_range`` as ``RangeCheck`` takes it; ``columns`` (``formats.parse_columns``) and
     ``sep`` as ``--columns`` and ``--sep`` give them; ``intern=False`` for a file streamed block
-    by block (see ``interned``). Opening reads the first line only; LayoutError (a ValueError)
+    by block (see ``vocab``). Opening reads the first line only; LayoutError (a ValueError)
     when it cannot be told without asking."""
 
     def __init__(self, path: str | Path, rating_range: tuple[float, float] | str | None = None,
@@ -26,10 +27,11 @@ class RatingFile:
                  intern: bool = True):
         from sketchrec.formats import compression_of, parquet_layout, sniff
         self.path, self.report = Path(path), report or ParseReport()
-        # each distinct text id's one str object across blocks (chunks.settle_ids): for a file
-        # gathered whole; a streamed file's blocks die as they are learned, and a dict across
-        # them would keep every distinct id alive (intern=False: one object per id per block)
-        self.interned: dict | None = {} if intern else None
+        # each distinct text id's text held once across blocks, the rows as codes into it
+        # (chunks.settle_ids): for a file gathered whole; a streamed file's blocks die as they
+        # are learned, and a table across them would keep every distinct id alive
+        # (intern=False: one str object per id per block)
+        self.vocab: Vocabulary | None = Vocabulary() if intern else None
         self.codec = compression_of(path)
         self.rating_range, self.columns, self.sep = rating_range, columns, sep
         if self.codec == "parquet":
@@ -55,7 +57,7 @@ class RatingFile:
     def again(self, report: ParseReport | None = None, intern: bool | None = None) -> "RatingFile":
         """The same file, to read once more (a fresh report unless one is given; interning as
         this one unless ``intern`` says)."""
-        intern = self.interned is not None if intern is None else intern
+        intern = self.vocab is not None if intern is None else intern
         return RatingFile(self.path, self.rating_range, self.columns, self.sep, report, intern)
 
     def chunks(self) -> Iterator[Ratings]:
@@ -119,7 +121,7 @@ class RatingFile:
             layout = self.layout
         rows_before, dropped_seen = 0, 0
         for raw, convert in source:
-            block = convert(raw, layout, self.interned)
+            block = convert(raw, layout, self.vocab)
             n = len(raw)
             self.report.lines += n
             where = np.arange(header + 1 + rows_before, header + 1 + rows_before + n)
@@ -145,9 +147,10 @@ class RatingFile:
             self.report.reject(int(line), "control character", "")
 
 
-def writable(column: np.ndarray) -> np.ndarray:
-    """``column``, copied only when it is read-only."""
-    return np.require(column, requirements="W")
+def writable(column):
+    """``column``, copied only when it is read-only (a column of codes as it is: its codes are
+    never handed to a kernel)."""
+    return column if isinstance(column, Coded) else np.require(column, requirements="W")
 
 
 def _reindexed(layout):

@@ -85,12 +85,15 @@ def test_a_text_id_is_one_object_across_all_the_blocks_of_a_file(tmp_path, monke
     assert len({id(x) for x in ratings.items.tolist()}) == 11
 
 
-def test_the_broken_variant_without_interning_keeps_a_copy_per_block():
+def test_the_broken_variant_without_a_vocabulary_keeps_a_copy_per_block():
     import pyarrow as pa
     from sketchrec.chunks import settle_ids
+    from sketchrec.text_ids import Vocabulary
     blocks = [pa.array(["user-a", "user-b", "user-a"]), pa.array(["user-b", "user-a"])]
     apart = np.concatenate([settle_ids(b, None) for b in blocks])
     assert len({id(x) for x in apart.tolist()}) == 4   # a copy of each id in each block
-    interned: dict = {}
-    shared = np.concatenate([settle_ids(b, None, interned) for b in blocks])
-    assert shared.tolist() == apart.tolist() and len({id(x) for x in shared.tolist()}) == 2
+    vocab = Vocabulary()
+    shared = Ratings.concat([Ratings(settle_ids(b, None, vocab), np.zeros(len(b)), np.ones(len(b)),
+                                     np.zeros(len(b), np.int64)) for b in blocks])
+    assert shared.coded("users") is not None and len(vocab) == 2
+    assert shared.users.tolist() == apart.tolist() and len({id(x) for x in shared.users.tolist()}) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from sketchrec.cli import replay
 from sketchrec.data import Ratings
@@ -21,6 +22,24 @@ def test_the_keys_are_the_public_hash_of_every_id():
     assert np.array_equal(np.concatenate([b.users for b in batches]), keys_of(data.users))
     assert np.array_equal(np.concatenate([b.items for b in batches]), keys_of(data.items))
     assert np.array_equal(np.concatenate([b.ratings for b in batches]), data.ratings)
+
+
+def test_text_ids_held_as_codes_are_hashed_once_per_distinct_id():
+    import pyarrow as pa
+
+    from sketchrec.text_ids import Coded, Vocabulary
+    rng = np.random.default_rng(3)
+    users = np.array([f"user-{x}" for x in rng.integers(0, 300, 5_000)], object)
+    vocab = Vocabulary()
+    data = Ratings(Coded(vocab.codes(pa.array(users.tolist())), vocab), rng.integers(1, 90, 5_000),
+                   rng.random(5_000), np.zeros(5_000, np.int64))
+    batches = list(hashed_once(data.batches(1_000), data))
+    assert np.array_equal(np.concatenate([b.users for b in batches]), keys_of(users))
+    assert np.array_equal(np.concatenate([b.items for b in batches]), keys_of(data.items))
+    # an audit canary's id among them: the rows keep their ids (evaluation must see which they are)
+    canary = Coded(vocab.codes(pa.array(["__canary__u0", "user-1"])), vocab)
+    data = Ratings(canary, np.arange(2), np.ones(2), np.zeros(2, np.int64))
+    assert next(hashed_once(data.batches(2), data)).users.tolist() == ["__canary__u0", "user-1"]
 
 
 def test_ids_it_cannot_table_stay_ids():
@@ -45,11 +64,12 @@ def _replay(path, monkeypatch, once: bool, *extra) -> dict:
                                                                  "rss_samples")}, "tabled": bool(seen)}
 
 
-def test_a_replay_learns_the_same_with_the_ids_hashed_once(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("prefix", ["", "user-"])
+def test_a_replay_learns_the_same_with_the_ids_hashed_once(tmp_path, monkeypatch, capsys, prefix):
     rng = np.random.default_rng(2)
     path = tmp_path / "r.csv"
     path.write_text("userId,movieId,rating,timestamp\n" + "".join(
-        f"{u},{i},{r},{t}\n" for u, i, r, t in zip(rng.integers(1, 300, 4_000), rng.integers(1, 200, 4_000),
+        f"{prefix}{u},{i},{r},{t}\n" for u, i, r, t in zip(rng.integers(1, 300, 4_000), rng.integers(1, 200, 4_000),
                                                   rng.integers(1, 11, 4_000) / 2, rng.integers(0, 10**6, 4_000))))
     once, every = _replay(path, monkeypatch, True), _replay(path, monkeypatch, False)
     assert once["tabled"] and not every["tabled"]
