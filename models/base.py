@@ -1,5 +1,5 @@
-"""What both factorization learners share: hyper-parameters, running statistics, the river Ranker
-interface on top of a batch interface on numpy arrays."""
+"""What both factorization learners share: hyper-parameters, running statistics, river's ranker
+verbs (``models.ranker``) on top of a batch interface on numpy arrays."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import math
 from typing import Hashable, Iterable, NamedTuple
 
 import numpy as np
-from river.reco.base import Ranker
 
 from sketchrec.models._adaptive import OPTIMIZERS
 from sketchrec.models.api import ModelAPI
 from sketchrec.models._sgd import (ACC0, BIAS_REG, CLIP_LOSS, COUNT, IMPLICIT_LR, IMPLICIT_REG,
                                    INIT_STD, LEARNED, LR, OPTIMIZER, REG, RMAX, RMIN, SGLD_TAU, SKIPPED_CLIP,
                                    SKIPPED_DIVERGED, TOTAL, seed_numba)
+from sketchrec.models.ranker import Ranker
 from sketchrec.models.storage import ITEM, USER
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import salt_table

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-from river.reco.base import Ranker
 
 from sketchrec.models.base import FactorizationModel
+from sketchrec.models.ranker import Ranker
 from sketchrec.privacy.keys import id_keys_of
 
 

@@ -25,7 +25,18 @@ from sketchrec.models.bias_baseline import BiasBaseline  # noqa: E402
 from sketchrec.models.mix import Mix  # noqa: E402
 from sketchrec.models.private.fallback import DPSGDFallback  # noqa: E402
 from sketchrec.models.private.joint_als import PrivateALS  # noqa: E402
-from sketchrec.models.river_adapters import RiverBiasedMF  # noqa: E402
+
+
+def __getattr__(name: str):
+    """``RiverBiasedMF`` on first use (PEP 562): it imports river, and with it scipy, about a
+    second of CPU that a process learning or serving our own models should not pay at start.
+    The river kind runs in ``replay`` only (``models.capabilities``), whose model is built on
+    the main thread (``cli.config``), so river is never imported first in a thread."""
+    if name == "RiverBiasedMF":
+        from sketchrec.models.river_adapters import RiverBiasedMF
+        return RiverBiasedMF
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 try:
     __version__ = version("sketchrec")

@@ -110,3 +110,26 @@ def test_every_extra_is_installed_here(extra):
     # the suite runs with `.[test]`: a test environment missing an extra would skip its features
     from sketchrec.extras import installed
     assert installed(extra)
+
+
+# what the long-running processes import at start: a consumer, a server, a fleet member and a
+# serving reader never use river's model, and river's import (its optimisers pull in scipy) cost
+# about a second of CPU at each of their starts
+STARTS = """
+import sys
+import sketchrec.cli, sketchrec.cli.consume, sketchrec.cli.serve, sketchrec.cli.fleet
+import sketchrec.stream.serving.workers.reader
+print(sorted(m for m in ("river",) if m in sys.modules))
+import sketchrec
+sketchrec.RiverBiasedMF(dim=2)
+print(sorted(m for m in ("river",) if m in sys.modules))
+"""
+
+
+def test_the_services_start_without_importing_river(tmp_path):
+    res = subprocess.run([sys.executable, "-c", STARTS], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    # and river's model is still there by its name, importing river when asked for
+    assert res.stdout.split("\n")[:2] == ["[]", "['river']"]
+

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,12 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from river import evaluate, metrics
-from river.reco.base import Ranker
+from river.reco.base import Ranker as RiverRanker
 
 from sketchrec.data import SyntheticStream
 from sketchrec.models import DenseMF, SketchMF
 from sketchrec.models.bias_baseline import BiasBaseline
 from sketchrec.models.mix import Experts
+from sketchrec.models.ranker import Ranker
 from sketchrec.models.river_adapters import RankerRegressor, RiverBiasedMF
 
 KW = dict(dim=8, lr=0.05, seed=3)
@@ -91,6 +93,10 @@ def all_pairs(users, items):
 def test_river_ranker_interface(case):
     model = case.make()
     assert isinstance(model, Ranker)
+    # river drives a ranker by its verbs' names (duck typing): each of river's, same parameters
+    for verb in ("learn_one", "predict_one", "rank"):
+        assert list(inspect.signature(getattr(model, verb)).parameters) == \
+            list(inspect.signature(getattr(RiverRanker, verb)).parameters)[1:], verb
     users, items, r = synthetic(600)
     for u, i, y in zip(users.tolist(), items.tolist(), r.tolist()):
         assert model.learn_one(u, i, y) is None
