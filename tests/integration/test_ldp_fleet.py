@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 
 from sketchrec.data import SyntheticStream
-from conftest import agreeing_predictions
+from conftest import agreeing_predictions, http
 from test_fleet import Fleet, compiled_kernels, end_offsets  # noqa: F401 - the kernels compiled first
 
 N = 12_000
@@ -41,8 +41,8 @@ def serve_cmd(bootstrap, topic, port):
 
 def get(port: int, route: str, **params) -> dict:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}{route}", params=params, headers=AUTH,
-                         timeout=5).json()
+        return http.get(f"http://127.0.0.1:{port}{route}", params=params, headers=AUTH,
+                        timeout=5).json()
     except (httpx.TransportError, ValueError):
         return {}
 
@@ -59,17 +59,25 @@ def test_an_ldp_topic_is_learned_once_by_a_fleet_with_one_claim_through_a_kill_9
     learned = lambda port: stats(port).get("ratings_learned", -1)   # noqa: E731
     try:
         members, [replica] = fleet.launch(member_cmd, members=2, replica_cmd=serve_cmd, count=learned)
-        sender = threading.Thread(target=produce, args=(data.take(slice(1000, N)), kafka_bootstrap, topic),
-                                  kwargs=dict(batch=20, partitions=4, randomiser=devices,
-                                              rate=(N - 1000) / SEND_S))
+        failed: list = []
+
+        def send() -> None:
+            try:
+                produce(data.take(slice(1000, N)), kafka_bootstrap, topic, batch=20, partitions=4,
+                        randomiser=devices, rate=(N - 1000) / SEND_S)
+            except BaseException as exc:   # re-raised below, not lost in the thread
+                failed.append(exc)
+        sender = threading.Thread(target=send, daemon=True)
         sender.start()
         fleet.wait(lambda: learned(replica) >= N // 3, f"{N // 3:,} ratings")
+        assert learned(replica) < N, "the stream ended before the kill: nothing restarted mid-stream"
         victim = members[1]   # pinned: which member dies, at a third of the stream
         fleet.procs[victim].send_signal(signal.SIGKILL)
         fleet.procs[victim].wait()
         fleet.mark("kill")
         members[1] = fleet.start(member_cmd)   # restarted (a new member id)
         sender.join(timeout=120)
+        assert not sender.is_alive() and not failed, failed or "the producer did not finish"
         ports = members + [replica]
         ends = end_offsets(kafka_bootstrap, topic)
 
