@@ -68,10 +68,12 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
     and can finish whole partitions before the others get theirs (a fetch takes up to 16 MB of
     each), leaving no span where the members learn side by side."""
     topic = f"bench-fleet-{n}-{uuid.uuid4().hex[:6]}"
-    # --model sketch: the plain learner's model (whatever the fleet's default learner is)
+    # --model sketch, and Bloom filters sized as the plain learner's (plain_learner: twice the
+    # stream's ratings): a larger filter costs a member cache misses the plain learner never pays
     cmd = [sys.executable, "-m", "sketchrec", "consume", "--bootstrap", bootstrap, "--topic", topic,
            "--group", f"g-{topic}", "--fleet", "--model", "sketch", "--model-topic", f"{topic}.model",
-           "--capacity", str(capacity), "--expected-ratings", "2000000", "--exit-when-idle", str(idle)]
+           "--capacity", str(capacity), "--expected-ratings", str(2 * len(copies)),
+           "--exit-when-idle", str(idle)]
     cmd += ["--sync-ratings", str(sync_ratings)] if sync_ratings else []
     procs: list[subprocess.Popen] = []
     held: list[set] = []
