@@ -209,7 +209,7 @@ class DeltaTracker:
         items = header["items"]
         if items:
             before = len(rec.catalogue)
-            cat = np.array(items, dtype=object)
+            cat = _id_array(items)
             rec.catalogue.add(cat, rec.id_keys.as_keys(cat))   # the model's keys (keyed when private)
             self._received.update(rec.catalogue.snapshot()[0][before:])  # not ours to publish
         self.applied[member] = seq
@@ -362,6 +362,18 @@ def _params_digest(model) -> str:
     """Which models may exchange deltas: same class and constructor parameters."""
     text = json.dumps([type(model).__name__, model.params()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _id_array(ids: list) -> np.ndarray:
+    """A delta's new catalogue ids as the learner holds a poll's: int64 when every one is an int
+    that fits (hashed in one compiled pass, to the keys the learner made of them), else as they
+    are (an object array: each id hashed in Python)."""
+    if all(type(i) is int for i in ids):
+        try:
+            return np.asarray(ids, dtype=np.int64)
+        except OverflowError:
+            pass
+    return np.array(ids, dtype=object)
 
 
 def _check_seen(arrays: dict[str, np.ndarray]) -> None:
