@@ -77,17 +77,17 @@ class ModelSettings:
         if self.kind == "river":
             from sketchrec.models.river_adapters import RiverBiasedMF
             return RiverBiasedMF(**common)
-        extra = dict(bias_reg=self.bias_reg, sgld_temperature=self.sgld, clip_loss=self.clip_loss)
-        if self.kind == "dense":
-            from sketchrec.models import DenseMF
-            return DenseMF(**common, **extra)
+        extra = dict(bias_reg=self.bias_reg, clip_loss=self.clip_loss)
         sketch = dict(depth=self.depth, width=self.width, space_gain=self.space_gain,
                       capacity=capacity, heavy_fraction=self.heavy_fraction, light_dim=self.light_dim)
         try:
             if self.kind in ("mix", "bias"):
                 return self._build_mix(capacity, sketch)
-            from sketchrec.models import SketchMF, steps as step_rules
-            steps = step_rules.named(self.optimizer, self.lr)   # --optimizer and --lr, as a step rule
+            from sketchrec.models import DenseMF, SketchMF, steps as step_rules
+            # --optimizer, --lr and --sgld TAU, as a step rule (SGLD: plain SGD steps with noise)
+            steps = step_rules.noisy(step_rules.named(self.optimizer, self.lr), self.sgld)
+            if self.kind == "dense":
+                return DenseMF(steps=steps, **common, **extra)
             return SketchMF(dp=dp, steps=steps, implicit=self.implicit, **sketch, **common, **extra)
         except ValueError as exc:   # the model's own checks of its settings, one line each
             refuse(prog, [str(exc)])

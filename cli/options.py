@@ -15,7 +15,7 @@ from typing import Callable, NoReturn
 from sketchrec.models.capabilities import DEFAULT_KIND, KINDS, PRIVATE_KIND
 from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS, DP_DEFAULTS, MIX_FACTOR_MEMBER
 from sketchrec.models.sketch_mf import DEFAULT_HEAVY_FRACTION
-from sketchrec.models.steps import RULES as STEP_RULES
+from sketchrec.models.steps import OPTIMIZERS
 from sketchrec.privacy.admin_token import add_admin_token_args
 from sketchrec.cli.feedback import add_items_arg
 
@@ -180,7 +180,7 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     "(--model sketch) adds to a user's vector its last K distinct rated items' "
                     "implicit vectors (SVD++; 0 = off, the default; not with the privacy modes). "
                     "The combination turns it on (K = 64) when it trains several epochs")
-    ap.add_argument("--optimizer", choices=tuple(STEP_RULES), help="steps of one "
+    ap.add_argument("--optimizer", choices=tuple(OPTIMIZERS), help="steps of one "
                     "factor model (--model sketch): 'sgd' the thesis's plain SGD (default; always "
                     "with DP-SGD and SGLD); 'adagrad' per-coordinate AdaGrad (sums in a count-min "
                     "sketch beside the vectors: twice their memory); 'adagrad-id' one AdaGrad sum "

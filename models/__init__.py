@@ -2,6 +2,6 @@
 
 from sketchrec.models.dense_mf import DenseMF
 from sketchrec.models.sketch_mf import SketchMF
-from sketchrec.models.steps import SGD, AdaGrad, AdaGradId
+from sketchrec.models.steps import SGD, SGLD, AdaGrad, AdaGradId
 
-__all__ = ["SGD", "AdaGrad", "AdaGradId", "DenseMF", "SketchMF"]
+__all__ = ["SGD", "SGLD", "AdaGrad", "AdaGradId", "DenseMF", "SketchMF"]

@@ -10,6 +10,7 @@ from typing import Hashable, Iterable, NamedTuple
 
 import numpy as np
 
+from sketchrec.models import steps as step_rules
 from sketchrec.models._adaptive import OPTIMIZERS
 from sketchrec.models.api import ModelAPI
 from sketchrec.models._sgd import (ACC0, BIAS_REG, CLIP_LOSS, COUNT, IMPLICIT_LR, IMPLICIT_REG,
@@ -35,6 +36,14 @@ MERGES = {
 }
 
 
+def fresh_sgld_noise() -> None:
+    """Reseed the generator SGLD's noise comes from, from the OS CSPRNG (``privacy.entropy``), in
+    the calling thread: the kernels draw it from numba's generator, one state per thread, which a
+    seed would make regenerable (numba takes a 32-bit seed: fresh bits at every batch)."""
+    from sketchrec.privacy.entropy import fresh_generator
+    seed_numba(int(fresh_generator().integers(1 << 32)))
+
+
 class StateArray(NamedTuple):
     """One array of a model's learnable state (``FactorizationModel.state_arrays``): the live
     array (learning writes it in place) and how replicas merge it (a ``MERGES`` key)."""
@@ -44,7 +53,8 @@ class StateArray(NamedTuple):
 
 
 class FactorizationModel(ModelAPI, Ranker):
-    """Biased matrix factorization learned online by SGD (or SGLD), one rating at a time.
+    """Biased matrix factorization learned online by a step rule (``models.steps``: SGD, SGLD,
+    AdaGrad on the sketch), one rating at a time.
 
     Subclasses decide where the parameters live (``SketchMF``: one count sketch; ``DenseMF``:
     growing per-id arrays) by implementing the abstract methods: ``_learn_keys``,
@@ -58,11 +68,13 @@ class FactorizationModel(ModelAPI, Ranker):
     rating statistics runs in a fleet without code of its own. A subclass names the rules of
     its non-additive arrays in ``STATE_MERGES``.
 
-    Parameters common to both: ``dim`` latent dimension d; ``lr`` learning rate eta with schedule
-    eta_t = eta / (1 + t / lr_schedule_T) over epochs t; ``reg`` and ``bias_reg`` the L2 weights;
-    ``init_std`` the std of the start vectors; ``sgld_temperature`` tau (None: plain SGD);
-    ``clip_loss`` epsilon of the thesis's data clipping (skip a rating when (r - r^)^2 > epsilon);
-    ``seed`` fixes hashing, start vectors and SGLD noise.
+    Parameters common to both: ``steps`` the step rule (``models.steps``; ``lr``, ``optimizer``,
+    ``acc0`` and ``sgld_temperature`` read it), its rate eta decayed as eta_t = eta / (1 + t /
+    lr_schedule_T) over epochs t; ``lr`` and ``sgld_temperature`` tau (None: plain SGD) the older
+    spelling that builds the rule when ``steps`` is not given; ``reg`` and ``bias_reg`` the L2
+    weights; ``init_std`` the std of the start vectors; ``clip_loss`` epsilon of the thesis's data
+    clipping (skip a rating when (r - r^)^2 > epsilon); ``seed`` fixes hashing and start vectors
+    (never SGLD's noise: fresh entropy, ``models.steps.SGLD``).
 
     Examples
     --------
@@ -80,26 +92,53 @@ class FactorizationModel(ModelAPI, Ranker):
     def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.085,
                  bias_reg: float | None = 0.05, init_std: float = 0.05, lr_schedule_T: float = 20.0,
                  sgld_temperature: float | None = None, clip_loss: float | None = None,
-                 seed: int = 0):
+                 seed: int = 0, steps: step_rules.StepRule | None = None):
         super().__init__(seed=seed)
         if dim < 1:
             raise ValueError("dim must be positive")
         if lr <= 0 or reg < 0 or init_std < 0 or lr_schedule_T <= 0:
             raise ValueError("lr and lr_schedule_T must be positive; reg and init_std non-negative")
-        if sgld_temperature is not None and sgld_temperature < 0:
-            raise ValueError("sgld_temperature must be non-negative")
         if clip_loss is not None and clip_loss <= 0:
             raise ValueError("clip_loss must be positive")
-        self.dim, self.lr, self.reg = int(dim), float(lr), float(reg)
+        # a subclass that takes steps= resolves it with its own keywords (models.steps.resolve)
+        self.steps = step_rules.of(steps) if steps is not None else step_rules.noisy(
+            step_rules.SGD(float(lr)), sgld_temperature)
+        self.dim, self.reg = int(dim), float(reg)
         self.bias_reg = self.reg if bias_reg is None else float(bias_reg)
         self.init_std, self.lr_schedule_T = float(init_std), float(lr_schedule_T)
-        self.sgld_temperature, self.clip_loss = sgld_temperature, clip_loss
+        self.clip_loss = clip_loss
         self.stats = np.zeros(4, dtype=np.float64)        # count, sum, min, max of learned ratings
         self.counters = np.zeros(3, dtype=np.int64)       # learned, skipped: loss clipping, divergence
         # (2, dim): one row of start-vector salts per family
         self._init_salts = np.stack([salt_table(self.seed or 0, fam + _INIT_FAMILY_OFFSET, 1,
                                                 self.dim)[0] for fam in (USER, ITEM)])
-        seed_numba(int(self.seed or 0))
+
+    # --- the step rule -------------------------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        """The step rule's eta. Assigning it (an epoch plan's rate) gives the rule the new rate, so
+        the rule a checkpoint records is always the steps taken."""
+        return self.steps.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.steps = dataclasses.replace(self.steps, lr=float(value))
+
+    @property
+    def optimizer(self) -> str:
+        """The step rule's name in the kernels' table ("sgd", "adagrad", "adagrad-id"; SGLD's
+        steps are "sgd")."""
+        return self.steps.optimizer
+
+    @property
+    def acc0(self) -> float:
+        """AdaGrad's start (the step rule's; 1 with plain SGD, which does not read it)."""
+        return float(self.steps.acc0)
+
+    @property
+    def sgld_temperature(self) -> float | None:
+        """SGLD's temperature tau (the step rule's; None without noise)."""
+        return self.steps.temperature
 
     # --- figures -----------------------------------------------------------------------------------
     @property
@@ -158,8 +197,8 @@ class FactorizationModel(ModelAPI, Ranker):
         hp[REG], hp[BIAS_REG], hp[INIT_STD] = self.reg, self.bias_reg, self.init_std
         hp[CLIP_LOSS] = math.inf if self.clip_loss is None else self.clip_loss
         hp[SGLD_TAU] = 0.0 if self.sgld_temperature is None else self.sgld_temperature
-        hp[OPTIMIZER] = OPTIMIZERS[getattr(self, "optimizer", "sgd")]
-        hp[ACC0] = getattr(self, "acc0", 1.0)
+        hp[OPTIMIZER] = OPTIMIZERS[self.optimizer]
+        hp[ACC0] = self.acc0
         hp[IMPLICIT_LR] = getattr(self, "implicit_lr", 0.0) * decay
         hp[IMPLICIT_REG] = getattr(self, "implicit_reg", 0.0)
         return hp
@@ -204,7 +243,12 @@ class FactorizationModel(ModelAPI, Ranker):
 
     @classmethod
     def _upgrade_params(cls, params: dict) -> dict:
-        """Constructor arguments of a blob written by an older version, in today's terms."""
+        """Constructor arguments of a blob written by an older version, in today's terms: an SGLD
+        model's rule was recorded as plain SGD beside ``sgld_temperature`` before SGLD was one."""
+        steps, tau = params.get("steps"), params.get("sgld_temperature")
+        if isinstance(steps, dict) and steps.get("rule") == "sgd" and tau:
+            params = {**params, "steps": {"rule": "sgld", "lr": steps.get("lr", params.get("lr")),
+                                          "temperature": tau}}
         return params
 
     # --- batch interface (numpy arrays; what the runtime uses) --------------------------------------
@@ -220,6 +264,8 @@ class FactorizationModel(ModelAPI, Ranker):
         if not np.isfinite(r).all():
             raise ValueError("ratings must be finite")
         out = np.empty(r.shape[0], dtype=np.float64)
+        if self.sgld_temperature:
+            fresh_sgld_noise()
         self._learn_keys(ukeys, ikeys, r, self.hyper(epoch), out)
         self.remember_items(items)   # the ids recommend and similar rank by default (models.api)
         return out

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sketchrec.models.steps import RULES as STEP_RULES
+from sketchrec.models.steps import OPTIMIZERS
 from sketchrec.privacy.mode import PrivacyMode
 
 # the columns, by axis; values are the names the CLI, `sketchrec modes --json` and the tests use
 AXES: dict[str, tuple[str, ...]] = {
     "privacy": tuple(m.value for m in PrivacyMode),
-    "optimizer": tuple(STEP_RULES),   # the step rules (models.steps), by their names
+    "optimizer": tuple(OPTIMIZERS),   # the noiseless step rules (models.steps); SGLD is "sgld" above
     "input": ("file", "synthetic", "kafka", "fleet"),
     "protocol": ("prequential", "holdout"),
     "serving": ("none", "thread", "workers", "replica", "fleet-replica", "joint-read-only"),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
+from sketchrec.models import steps as step_rules
 from sketchrec.models._dense_sgd import dense_learn, dense_predict
 from sketchrec.models._sgd import init_rows
 from sketchrec.models.base import ITEM, KEYED, USER, FactorizationModel
@@ -48,6 +51,8 @@ class DenseMF(FactorizationModel):
     ----------
     dim, lr, reg, bias_reg, init_std, lr_schedule_T, sgld_temperature, clip_loss, seed : as
         ``SketchMF``'s (``models.base.FactorizationModel``).
+    steps : the step rule (``models.steps``): ``SGD(lr)`` or ``SGLD(lr, temperature)`` (AdaGrad
+        is the sketch model's); ``lr`` and ``sgld_temperature`` build it when not given.
 
     Examples
     --------
@@ -56,6 +61,8 @@ class DenseMF(FactorizationModel):
     >>> _ = model.learn_many(["ann", "bob"], ["up", "heat"], [5.0, 2.0])
     >>> 0.5 <= model.predict_one("ann", "up") <= 5.0
     True
+    >>> DenseMF(dim=8, lr=0.05, sgld_temperature=0.01).steps
+    SGLD(lr=0.05, temperature=0.01)
     """
 
     # rows per id, in the order ids came: no fixed shape that replicas could add changes to
@@ -65,10 +72,13 @@ class DenseMF(FactorizationModel):
     def __init__(self, dim: int = 64, lr: float = 0.03, reg: float = 0.085,
                  bias_reg: float | None = 0.05, init_std: float = 0.05, lr_schedule_T: float = 20.0,
                  sgld_temperature: float | None = None, clip_loss: float | None = None,
-                 seed: int = 0):
-        super().__init__(dim=dim, lr=lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
-                         lr_schedule_T=lr_schedule_T, sgld_temperature=sgld_temperature,
-                         clip_loss=clip_loss, seed=seed)
+                 seed: int = 0, steps: step_rules.SGD | step_rules.SGLD | dict | None = None):
+        steps = step_rules.resolve(steps, "sgd", lr, 1.0, sgld_temperature, _KEYWORD_DEFAULTS)
+        if steps.optimizer != "sgd":
+            raise ValueError(f"AdaGrad steps are implemented for the sketch model, not DenseMF "
+                             f"({steps!r}): give steps=SGD(lr) or SGLD(lr, temperature)")
+        super().__init__(dim=dim, lr=steps.lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
+                         lr_schedule_T=lr_schedule_T, clip_loss=clip_loss, seed=seed, steps=steps)
         self._tables = (_IdTable(self.dim), _IdTable(self.dim))
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
@@ -126,3 +136,8 @@ class DenseMF(FactorizationModel):
         dense_predict(users.vectors, items.vectors, users.biases, items.biases, uidx, iidx,
                       init_rows(ukeys, self._init_salts[USER], self.init_std),
                       init_rows(ikeys, self._init_salts[ITEM], self.init_std), self.stats, clip, out)
+
+
+# the old step keywords' defaults (optimizer, lr, acc0, sgld_temperature): at these, they defer to steps=
+_SIGNATURE = inspect.signature(DenseMF.__init__).parameters
+_KEYWORD_DEFAULTS = ("sgd", _SIGNATURE["lr"].default, 1.0, _SIGNATURE["sgld_temperature"].default)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import numpy as np
@@ -70,14 +69,16 @@ class SketchMF(FactorizationModel):
     depth, width, capacity, space_gain : the sketch's shape (above); give ``capacity`` or ``width``.
     lr, reg, bias_reg, init_std, lr_schedule_T : SGD's step, L2 weights, start vectors' std and the
         step's decay over epochs (``models.base.FactorizationModel``).
-    sgld_temperature, clip_loss, dp : the privacy modes (SGLD, loss clipping, DP-SGD; above).
+    clip_loss, dp : the privacy modes loss clipping and DP-SGD (above).
     heavy_fraction, heavy_slots, light_dim : the exact slots of the heaviest ids (above).
-    steps : the step rule (``models.steps``): ``SGD(lr)``, ``AdaGrad(lr, acc0)`` (per cell) or
-        ``AdaGradId(lr, acc0)`` (one sum per id); recorded in checkpoints.
-    optimizer, acc0 : the older spelling of ``steps`` ("sgd", "adagrad", "adagrad-id"; AdaGrad's
-        start): with ``lr`` they build the rule when ``steps`` is not given.
+    steps : the step rule (``models.steps``): ``SGD(lr)``, ``AdaGrad(lr, acc0)`` (per cell),
+        ``AdaGradId(lr, acc0)`` (one sum per id) or ``SGLD(lr, temperature)`` (SGD steps with
+        Gaussian noise, the "sgld" privacy mode); recorded in checkpoints.
+    optimizer, acc0, sgld_temperature : the older spelling of ``steps`` ("sgd", "adagrad",
+        "adagrad-id"; AdaGrad's start; SGLD's tau): with ``lr`` they build the rule when
+        ``steps`` is not given.
     implicit, implicit_lr, implicit_reg : SVD++'s implicit term (above).
-    seed : fixes hashing, start vectors and SGLD noise.
+    seed : fixes hashing and start vectors (SGLD's noise is fresh entropy: ``models.steps.SGLD``).
 
     Examples
     --------
@@ -104,10 +105,9 @@ class SketchMF(FactorizationModel):
                  implicit: int = 0, implicit_lr: float = 0.005, implicit_reg: float = 0.2,
                  steps: step_rules.StepRule | dict | None = None):
         # the old keywords build the rule; with steps= they must agree with it (models.steps)
-        self.steps = steps = step_rules.resolve(steps, optimizer, lr, acc0, _KEYWORD_DEFAULTS)
+        steps = step_rules.resolve(steps, optimizer, lr, acc0, sgld_temperature, _KEYWORD_DEFAULTS)
         super().__init__(dim=dim, lr=steps.lr, reg=reg, bias_reg=bias_reg, init_std=init_std,
-                         lr_schedule_T=lr_schedule_T, sgld_temperature=sgld_temperature,
-                         clip_loss=clip_loss, seed=seed)
+                         lr_schedule_T=lr_schedule_T, clip_loss=clip_loss, seed=seed, steps=steps)
         self.depth, self.space_gain, self.capacity = int(depth), float(space_gain), capacity
         if width is None:
             width = (DEFAULT_WIDTH if capacity is None
@@ -116,9 +116,9 @@ class SketchMF(FactorizationModel):
         bias_width = max(1, -(-self.width * self.depth // self.dim))
         self._split_memory(heavy_fraction, heavy_slots, light_dim, dp is not None)
         self.biases = CountSketch(bias_width, self.depth, 1, seed=(self.seed or 0) + 1)
-        if steps.optimizer != "sgd" and (dp is not None or sgld_temperature):
-            raise ValueError("DP-SGD and SGLD take plain SGD steps (their noise is calibrated to "
-                             "them): give steps=SGD(lr) (optimizer 'sgd')")
+        if steps.optimizer != "sgd" and dp is not None:
+            raise ValueError("DP-SGD takes plain SGD steps (its noise is calibrated to them): "
+                             "give steps=SGD(lr) (optimizer 'sgd')")
         self.implicit_lr, self.implicit_reg = float(implicit_lr), float(implicit_reg)
         self.history = ImplicitHistory.off(self.dim)
         self._bind_store()
@@ -133,26 +133,6 @@ class SketchMF(FactorizationModel):
             lo, hi = self.dp.rating_range
             # public statistics only: the offset mu (stats[TOTAL] with count 1) is learned privately
             self.stats[:] = (1.0, (lo + hi) / 2.0, lo, hi)
-
-    @property
-    def lr(self) -> float:
-        """The step rule's eta. Assigning it (an epoch plan's rate) gives the rule the new rate, so
-        the rule a checkpoint records is always the steps taken."""
-        return self.steps.lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        self.steps = dataclasses.replace(self.steps, lr=float(value))
-
-    @property
-    def optimizer(self) -> str:
-        """The step rule's name in the kernels' table ("sgd", "adagrad", "adagrad-id")."""
-        return self.steps.optimizer
-
-    @property
-    def acc0(self) -> float:
-        """AdaGrad's start (the step rule's; 1 with plain SGD, which does not read it)."""
-        return float(self.steps.acc0)
 
     def _split_memory(self, heavy_fraction: float | None, heavy_slots: int | None,
                       light_dim: int | None, dp: bool) -> None:
@@ -190,7 +170,7 @@ class SketchMF(FactorizationModel):
         # checkpoints from before the heavy-hitter filter hold a pure count sketch of every component
         if "heavy_fraction" not in params:
             params = {**params, "heavy_fraction": 0.0, "light_dim": params["dim"]}
-        return params
+        return super()._upgrade_params(params)
 
     def _fitting_light_dim(self) -> int:
         """Components an id outside the filter keeps in the sketch: as many as let the expected
@@ -372,6 +352,6 @@ class SketchMF(FactorizationModel):
         return self.factors(users, USER)[0]
 
 
-# the old step keywords' defaults (optimizer, lr, acc0): left at these, they defer to steps=
+# the old step keywords' defaults (optimizer, lr, acc0, sgld_temperature): left at these, they defer to steps=
 _KEYWORD_DEFAULTS = tuple(inspect.signature(SketchMF.__init__).parameters[name].default
-                          for name in ("optimizer", "lr", "acc0"))
+                          for name in ("optimizer", "lr", "acc0", "sgld_temperature"))

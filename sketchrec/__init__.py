@@ -20,7 +20,7 @@ _kernel_cache.choose()   # before any kernel module is imported (see its docstri
 
 # every model kind of models.capabilities, by its class; Mix is the default learner (its class,
 # recorded in checkpoints, is models.mix.Experts)
-from sketchrec.models import SGD, AdaGrad, AdaGradId, DenseMF, SketchMF  # noqa: E402
+from sketchrec.models import SGD, SGLD, AdaGrad, AdaGradId, DenseMF, SketchMF  # noqa: E402
 from sketchrec.models.bias_baseline import BiasBaseline  # noqa: E402
 from sketchrec.models.mix import Mix  # noqa: E402
 from sketchrec.models.private.fallback import DPSGDFallback  # noqa: E402
@@ -43,5 +43,5 @@ try:
 except PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["SGD", "AdaGrad", "AdaGradId", "BiasBaseline", "DPSGDFallback", "DenseMF", "Mix", "PrivateALS", "RiverBiasedMF", "SketchMF",
+__all__ = ["SGD", "SGLD", "AdaGrad", "AdaGradId", "BiasBaseline", "DPSGDFallback", "DenseMF", "Mix", "PrivateALS", "RiverBiasedMF", "SketchMF",
            "__version__"]

@@ -4,7 +4,7 @@ checkpoints, built by the CLI, and refused in one line when wrong."""
 import numpy as np
 import pytest
 
-from sketchrec.models import SGD, AdaGrad, AdaGradId, SketchMF
+from sketchrec.models import SGD, SGLD, AdaGrad, AdaGradId, DenseMF, SketchMF
 from sketchrec.models import steps as step_rules
 from sketchrec.models.registry import ADAGRAD_DEFAULTS, DEFAULTS
 from sketchrec.sketches import serial
@@ -71,14 +71,21 @@ def test_the_rules_default_steps_are_the_tuned_ones():
 
 
 @pytest.mark.parametrize("build, says", [
-    (lambda: SketchMF(steps="adam"), "steps must be SGD(lr), AdaGrad(lr, acc0) or AdaGradId"),
+    (lambda: SketchMF(steps="adam"), "steps must be SGD(lr), AdaGrad(lr, acc0), AdaGradId(lr, acc0) or SGLD"),
     (lambda: SketchMF(steps=AdaGrad(0.2), optimizer="adagrad-id"), "disagree"),
     (lambda: SketchMF(steps=SGD(0.1), lr=0.5), "disagree"),
     (lambda: SGD(-1.0), "SGD: lr must be a positive finite number"),
     (lambda: AdaGrad(0.1, acc0=float("nan")), "AdaGrad: acc0 must be a positive finite number"),
     (lambda: SketchMF(optimizer="adam"), "optimizer must be one of"),
     (lambda: SketchMF(steps={"rule": "sgd", "lr": 0.1, "momentum": 0.9}), "SGD takes no momentum"),
-    (lambda: SketchMF(steps=AdaGrad(0.2), sgld_temperature=1.0), "take plain SGD steps"),
+    (lambda: SketchMF(steps=AdaGrad(0.2), sgld_temperature=1.0), "SGLD takes plain SGD steps"),
+    (lambda: SketchMF(optimizer="adagrad-id", sgld_temperature=1.0), "SGLD takes plain SGD steps"),
+    (lambda: SketchMF(steps=SGD(0.1), sgld_temperature=0.01), "sgld_temperature=0.01 disagree"),
+    (lambda: SketchMF(steps=SGLD(0.1, 0.01), sgld_temperature=0.02), "disagree"),
+    (lambda: SketchMF(steps=SGLD(0.1, 0.01), dp={"noise_multiplier": 1.0}), "dp replaces sgld"),
+    (lambda: SGLD(0.1, 0.0), "SGLD: temperature must be a positive finite number"),
+    (lambda: SketchMF(sgld_temperature=-1.0), "sgld_temperature must be non-negative"),
+    (lambda: DenseMF(steps=AdaGrad(0.2)), "AdaGrad steps are implemented for the sketch model"),
 ])
 def test_a_wrong_rule_is_refused_in_one_line(build, says):
     with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")) as caught:
@@ -102,3 +109,101 @@ def test_a_rate_set_after_construction_is_the_rules_and_the_checkpoint_loads():
     assert SketchMF.from_bytes(model.to_bytes()).steps == AdaGradId(0.07)
     with pytest.raises(AttributeError):
         model.optimizer = "sgd"   # the rule's kind is chosen at construction (steps=)
+
+
+# --- SGLD as a step rule ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [SketchMF, DenseMF])
+def test_the_sgld_rule_is_what_the_old_keyword_builds(cls):
+    kw = dict(dim=8, seed=1, **({"capacity": 70} if cls is SketchMF else {}))
+    by_rule, by_keyword = cls(steps=SGLD(0.05, 0.01), **kw), cls(lr=0.05, sgld_temperature=0.01, **kw)
+    assert by_rule.steps == by_keyword.steps == SGLD(0.05, temperature=0.01)
+    assert by_rule.params() == by_keyword.params()
+    assert by_rule.hyper(3).tobytes() == by_keyword.hyper(3).tobytes()   # what the kernels get
+    assert by_rule.sgld_temperature == 0.01 and by_rule.optimizer == "sgd"
+    assert by_rule.privacy_mode.value == "sgld"
+    # no temperature (None or 0, as --sgld 0): plain SGD, the "none" mode
+    assert cls(sgld_temperature=0.0, **kw).steps == cls(**kw).steps == SGD(0.03)
+
+
+def test_densemf_takes_step_rules_bit_for_bit_as_its_keywords():
+    users, items, ratings = _stream()
+    by_rule, by_keywords = DenseMF(dim=8, seed=1, steps=SGD(0.05)), DenseMF(dim=8, seed=1, lr=0.05)
+    assert (by_rule.learn_many(users, items, ratings).tobytes()
+            == by_keywords.learn_many(users, items, ratings).tobytes())
+    assert by_rule.to_bytes() == by_keywords.to_bytes()
+
+
+@pytest.mark.parametrize("cls", [SketchMF, DenseMF])
+def test_an_sgld_checkpoint_records_the_rule_and_older_ones_still_load(cls):
+    kw = {"capacity": 70} if cls is SketchMF else {}
+    model = cls(dim=8, steps=SGLD(0.05, 0.01), **kw)
+    users, items, ratings = _stream()
+    model.learn_many(users, items, ratings)
+    assert model.params()["steps"] == {"rule": "sgld", "lr": 0.05, "temperature": 0.01}
+    restored = cls.from_bytes(model.to_bytes())
+    assert restored.steps == SGLD(0.05, 0.01) and restored.to_bytes() == model.to_bytes()
+    params, arrays = serial.unpack(model.to_bytes(), cls.__name__)
+    before_rules = {k: v for k, v in params.items() if k != "steps"}   # sgld_temperature alone
+    # the last version: SGLD recorded as plain SGD steps beside sgld_temperature
+    as_sgd = {**params, "steps": {"rule": "sgd", "lr": 0.05}}
+    for old in (before_rules, as_sgd):
+        loaded = cls.from_bytes(serial.pack(cls.__name__, old, arrays))
+        assert loaded.steps == SGLD(0.05, 0.01) and loaded.sgld_temperature == 0.01
+
+
+def test_the_cli_builds_the_sgld_rule_from_sgld_and_lr():
+    from sketchrec.cli.config import ModelSettings
+    from sketchrec.cli.replay import build_parser
+
+    def built(*argv):
+        return ModelSettings.from_args(build_parser().parse_args(list(argv)), private=False).build(100)
+    assert built("--model", "sketch", "--sgld", "0.01").steps == SGLD(DEFAULTS["lr"], 0.01)
+    assert built("--model", "dense", "--sgld", "0.01", "--lr", "0.02").steps == SGLD(0.02, 0.01)
+    assert built("--sgld", "0.01").steps == SGLD(DEFAULTS["lr"], 0.01)   # one sketch model
+    assert built("--model", "sketch", "--sgld", "0").steps == SGD(DEFAULTS["lr"])
+
+
+def test_the_capability_table_holds_sgld_on_its_privacy_axis_not_its_optimizer_axis():
+    from sketchrec.models.capabilities import AXES
+    from sketchrec.privacy.mode import PrivacyMode
+    assert set(step_rules.RULES) == set(AXES["optimizer"]) | {"sgld"}
+    assert "sgld" not in AXES["optimizer"] and PrivacyMode.SGLD.value in AXES["privacy"]
+    assert "adagrad" in PrivacyMode.SGLD.forbids   # and a rule cannot be both:
+    with pytest.raises(ValueError, match="SGLD takes plain SGD steps"):
+        step_rules.noisy(AdaGrad(0.2), 0.01)
+
+
+def _sgld_cells(seed_before: int | None = None) -> np.ndarray:
+    """What one SGLD model learns from all-zero ratings with zero start vectors and no
+    regularisation: its cells are the noise alone. Ids given as uint64 keys, the same in every
+    run (an SGLD model's own id key is secret and fresh, which alone would make two runs differ)."""
+    from sketchrec.models._sgd import seed_numba
+    model = SketchMF(width=1 << 14, depth=4, dim=8, reg=0.0, bias_reg=0.0, init_std=0.0, seed=5,
+                     heavy_fraction=0.0, steps=SGLD(0.05, 2.0))
+    if seed_before is not None:   # an attacker reseeds the kernels' generator with a known value
+        seed_numba(seed_before)
+    keys = np.arange(400, dtype=np.uint64)
+    model.learn_many(keys, keys + np.uint64(10**6), np.zeros(keys.shape[0]))
+    return model.vectors.cells.copy()
+
+
+def test_sgld_noise_is_present_and_fresh_whatever_the_seed():
+    lr, tau, k = 0.05, 2.0, 4
+    a, b = _sgld_cells(seed_before=5), _sgld_cells(seed_before=5)
+    touched = (a != 0) & (b != 0)
+    assert touched.sum() > 10_000
+    # present: each touched cell of a k-row sketch carries N(0, k lr tau) per write
+    written = a[touched] / np.sqrt(k * lr * tau)
+    assert 0.9 < written.var() < 2.0   # a cell can be written by more than one id
+    # fresh: the same seed, ids and ratings, the generator reseeded alike before learning, and
+    # the two noises are independent (their difference has twice the variance, no correlation)
+    assert abs(np.corrcoef(a[touched], b[touched])[0, 1]) < 0.05
+
+
+def test_a_seeded_sgld_noise_would_be_regenerated(monkeypatch):
+    # the deliberately broken variant: without the fresh reseed before each batch, whoever knows
+    # the seed the kernels' generator was given regenerates the noise exactly
+    from sketchrec.models import base
+    monkeypatch.setattr(base, "fresh_sgld_noise", lambda: None)
+    assert np.array_equal(_sgld_cells(seed_before=5), _sgld_cells(seed_before=5))
