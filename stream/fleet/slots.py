@@ -6,7 +6,8 @@ depends on what the cells hold at that moment. Replicas applying the same deltas
 orders would then hold different ids, and different values, in their slots. In fleet mode:
 
 - *Membership* is a function of a grow-only set. A member announces an id once it has seen it
-  often enough in its own stream (``threshold``; the announcement travels in its next delta); a bucket
+  often enough in its own stream (``threshold``), or at once while its bucket has a free way (a
+  plain learner's free slot: ``stream.fleet.announce``); the announcement travels in its next delta; a bucket
   holds the ``WAYS`` smallest (key, family) among the ids announced into it. The union of
   announcements does not depend on the order it arrives in, and neither does membership. An id
   pushed out by smaller ones never comes back, so its slot can go to the cells for good.
@@ -33,13 +34,12 @@ from numba import njit
 
 from sketchrec.models.base import ITEM, USER
 from sketchrec.models.heavy_filter import _FAMILY_SALT, WAYS, bucket_starts
-from sketchrec.sketches import bloom, count_min
 from sketchrec.sketches.bloom import BloomFilter
 from sketchrec.sketches.count_min import CountMinSketch
 from sketchrec.sketches.count_sketch import gather_mean, gather_rows, locate, scatter_add, scatter_rows
+from sketchrec.stream.fleet.announce import FREE, announce_ids, due_after
 
 FROZEN = 1 << 62   # every slot's count in fleet mode: RAP never exchanges against it
-FREE = 2           # family of an empty slot in fleet mode (find() matches no id to it)
 FAMILIES = (USER, ITEM)
 
 
@@ -69,9 +69,10 @@ class FleetSlots:
         self._observed.append((np.asarray(ukeys, dtype=np.uint64), np.asarray(ikeys, dtype=np.uint64)))
 
     def announce(self) -> None:
-        """The ids observed since the last call that have been seen ``threshold()`` times go to
-        ``pending``: batch by batch, users then items, as if each were counted as it came (one
-        compiled pass; a take calls it before it reads ``pending``)."""
+        """The ids observed since the last call that have been seen ``threshold()`` times, or
+        whose bucket has a free way, go to ``pending`` (``announce.announce_ids``): batch by
+        batch, users then items, as if each were counted as it came (one compiled pass; a take
+        calls it before it reads ``pending``)."""
         if not self._observed:
             return
         segments = [keys for batch in self._observed for keys in batch]
@@ -81,10 +82,10 @@ class FleetSlots:
         families = np.tile(np.array(FAMILIES, np.uint8), len(segments) // 2)
         out_keys, out_families = np.empty(len(keys), np.uint64), np.empty(len(keys), np.uint8)
         cms, bloom = self._sightings, self._announced
-        n, cms.total = _announce(keys, ends, families, _FAMILY_SALT, cms.cells, cms._salts,
-                                 cms.total, self.admit_after, max(1, self.model.heavy.n_slots),
-                                 bloom.cells, bloom._salt1, bloom._salt2, bloom.n_hashes,
-                                 bloom.m_bits, out_keys, out_families)
+        n, cms.total = announce_ids(keys, ends, families, _FAMILY_SALT, cms.cells, cms._salts,
+                                    cms.total, self.admit_after, self.model.heavy.families,
+                                    bloom.cells, bloom._salt1, bloom._salt2, bloom.n_hashes,
+                                    bloom.m_bits, out_keys, out_families)
         self.pending.extend(zip(out_keys[:n].tolist(), out_families[:n].tolist()))
 
     def threshold(self) -> int:
@@ -320,50 +321,6 @@ def _after(a, b, slot_keys, slot_families):
     if free_a != free_b:
         return free_a
     return _before(slot_keys[b], slot_families[b], slot_keys[a], slot_families[a])
-
-
-@njit(nogil=True, cache=True)
-def due_after(admit_after, sightings, n_slots):
-    """``FleetSlots.threshold``'s rule: ``admit_after``, or half the mean sightings per slot."""
-    return max(admit_after, -(-sightings // (2 * n_slots)))
-
-
-@njit(nogil=True, cache=True)
-def _announce(keys, ends, families, family_salt, cms_cells, cms_salts, total, admit_after,
-              n_slots, words, salt1, salt2, n_hashes, m_bits, out_keys, out_families):
-    """``FleetSlots.announce`` over segments of ``keys`` (ending at ``ends``, one family each):
-    each segment's keys are counted in the sightings count-min, then its distinct keys (in key
-    order) whose count reaches the threshold and that the announced Bloom filter does not hold
-    are added to it and written out. Returns (how many, the count-min's new total)."""
-    ones = np.ones(keys.shape[0], np.int64)
-    n_out, start = 0, 0
-    for seg in range(ends.shape[0]):
-        end, salt = ends[seg], family_salt[families[seg]]
-        if end == start:
-            continue
-        salted = keys[start:end] ^ salt
-        count_min._add_many(cms_cells, cms_salts, salted, ones[:end - start], False)
-        total += end - start
-        threshold = due_after(admit_after, total, n_slots)
-        raw = np.sort(keys[start:end])
-        distinct = np.empty(raw.shape[0], np.uint64)
-        n = 0
-        for i in range(raw.shape[0]):
-            if i == 0 or raw[i] != raw[i - 1]:
-                distinct[n] = raw[i] ^ salt
-                n += 1
-        counts = np.empty(n, np.int64)
-        count_min._estimate_many(cms_cells, cms_salts, distinct[:n], counts)
-        due = distinct[:n][counts >= threshold]
-        known = np.empty(due.shape[0], np.bool_)
-        bloom._contains_many(words, due, salt1, salt2, n_hashes, m_bits, known)
-        due = due[~known]
-        bloom._add_many(words, due, salt1, salt2, n_hashes, m_bits)
-        for k in due:
-            out_keys[n_out], out_families[n_out] = k ^ salt, families[seg]
-            n_out += 1
-        start = end
-    return n_out, total
 
 
 @njit(nogil=True, cache=True)
