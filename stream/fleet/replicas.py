@@ -15,6 +15,7 @@ from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
 from sketchrec.stream.fleet import snapshots
 from sketchrec.stream.fleet.model_topic import MAX_MESSAGE_BYTES, FleetState, ModelFeed, no_origin
 from sketchrec.stream.fleet.tracker import DeltaTracker
+from sketchrec.stream.fleet.warm import warm
 from sketchrec.stream.health import log_event
 from sketchrec.stream.kafka.consumer import kafka_config
 from sketchrec.stream.kafka.contact import broker_contact
@@ -141,6 +142,8 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
             time.sleep(0.5)
         snap = snapshots.newest(bootstrap, topic)
     model_cls = MODELS[snap.meta["model_class"]]
+    if make_recommender is not None:   # a learning member: its kernels loaded before its first batch
+        warm(snap.parts, model_cls)
     recommender = Recommender.from_parts(snap.parts, model_cls)
     restore_operator_parts(recommender.model, snap.parts)
     service = FleetService(recommender, None, read_only=make_recommender is None,
