@@ -24,7 +24,6 @@ from numbers import Real
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtr, ndtri
 
 __all__ = [
@@ -197,6 +196,9 @@ class Gaussian(_Additive):
             lo /= 2.0
         while excess(hi) > 0.0:
             hi *= 2.0
+        # scipy.optimize only where a root is found (as in bounded_laplace): no service calibrates
+        # a Gaussian, and the mechanisms' helpers are imported by every one through privacy.ldp
+        from scipy.optimize import brentq
         sigma = brentq(excess, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
         # brentq may land a hair on the wrong side; step up until delta(sigma) <= delta holds
         for _ in range(64):
