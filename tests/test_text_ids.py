@@ -108,3 +108,20 @@ def test_a_file_read_whole_holds_its_text_ids_as_codes(tmp_path, monkeypatch):
     assert ratings.items.tolist() == [str(n % 7) for n in range(400)] + [
         str(n % 7) if n % 2 else f"m{n % 3}" for n in range(400, 800)]
     assert ratings.n_ids() == 13 + 5 + 7 + 3
+
+
+def test_produce_sends_the_same_messages_from_codes(tmp_path):
+    # a file read whole holds text ids as codes; what `produce` sends is built from the ids
+    from sketchrec.data import read_ratings
+    from sketchrec.stream.kafka import producer
+    rng = np.random.default_rng(6)
+    path = tmp_path / "r.csv"
+    path.write_text("userId,movieId,rating,timestamp\n" + "".join(
+        f"u-{u},m{i},{r},{t}\n" for u, i, r, t in zip(rng.integers(0, 50, 600), rng.integers(0, 40, 600),
+                                                     rng.integers(1, 11, 600) / 2, rng.integers(0, 999, 600))))
+    coded, _ = read_ratings(path)
+    assert coded.coded("users") is not None
+    plain = Ratings(coded.users.copy(), coded.items.copy(), coded.ratings, coded.timestamps)
+    for data in (coded, plain):
+        data.sort_by_time()
+    assert list(producer._messages(coded, coded.ratings, 7)) == list(producer._messages(plain, plain.ratings, 7))
