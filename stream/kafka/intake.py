@@ -1,7 +1,7 @@
 """A poll's messages turned into the columns a learner takes, every rejection named and set aside.
 
 This is the one message path of the single consumer (``kafka.consumer.KafkaLearner``) and of every
-fleet member (``fleet.member.FleetLearner`` learns through the same ``_learn``). Its promise: no
+fleet member (``fleet.member.FleetLearner`` learns through the same ``learn_poll``). Its promise: no
 message, and no rating inside a batch message, can raise out of here. Whatever goes wrong while
 one message is decoded, parsed, its headers read or its ids checked against the hashing the
 learner will apply is that message's (or that rating's) rejection, with a reason, and the rest of
