@@ -7,6 +7,7 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from sketchrec.privacy import joint_dp
 from sketchrec.privacy.accounting import GaussianSteps, PrivacyLedger, calibrate_noise, epsilon_of
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_mod
 
@@ -60,6 +61,87 @@ def test_calibrated_noise_meets_the_target():
         assert spent <= eps + 1e-6
         assert spent >= eps - 0.02  # not wastefully loud
         assert calibrate_noise(eps / 2, 1e-5, q, steps) > z
+
+
+# --- the target-epsilon calibration: the geometric bisection's answer, checked at its bracket ----
+
+def fallback_plan(epsilon, delta=1e-5):
+    """The releases a DP-SGD epoch plan charges before its steps: the size, then the fallback's."""
+    z = calibrate_noise(epsilon, delta)
+    return [GaussianSteps(z / math.sqrt(0.01))] + joint_dp.fallback_steps(joint_dp.fallback_budget(z))
+
+
+def laplace_plan(epsilon):
+    """The rating-level joint mode's Laplace releases before its factor iterations."""
+    rest = sum(joint_dp.SHARES[k] for k in joint_dp.LAPLACE_STAGES)
+    return [GaussianSteps(rest / (epsilon * rest * joint_dp.SHARES[k]), mechanism="laplace")
+            for k in joint_dp.LAPLACE_STAGES]
+
+
+# (fixed, epsilon, delta, count, sampling rate, accountant): DP-SGD epochs over a range of q and
+# steps (the last one's best RDP order moves by six orders over the coarse bracket's 1 %), and a
+# rating-level joint plan (PLD)
+PLANS = {"epochs": (fallback_plan(1.0), 1.0, 1e-5, 1000, 0.01, "rdp"),
+         "small epsilon": ([], 0.1, 1e-5, 100, 0.05, "rdp"),
+         "order moves": (fallback_plan(2.0), 2.0, 1e-5, 400, 0.005, "rdp"),
+         "joint rating": (laplace_plan(1.0), 1.0, 1e-5, 5, 1.0, "pld")}
+
+
+def bisection_answer(z, plan) -> bool:
+    """Whether ``z`` is what the plain geometric bisection answers (each step evaluated by the
+    accountant): the high end of one of its last brackets, enough, with the low end too little
+    (or the start's low end, which the bisection never evaluates)."""
+    fixed, epsilon, delta, count, q, accountant = plan
+    def cost(m):
+        return epsilon_of(fixed + [GaussianSteps(m, q, count)], delta, accountant)
+    lo, hi = joint_dp._bracket(lambda m: m < z)
+    return hi == z and cost(z) <= epsilon and (lo == joint_dp._START[0] or cost(lo) > epsilon)
+
+
+def counting(monkeypatch):
+    """Count the accountant's evaluations at every order (the ledger's figure)."""
+    calls = []
+    for name in ("epsilon_of", "rdp_epsilons"):
+        real = getattr(joint_dp, name)
+        def counted(steps, delta, *rest, real=real, name=name):
+            calls.append(name) if name == "epsilon_of" or not rest or rest[0] is None else None
+            return real(steps, delta, *rest)
+        monkeypatch.setattr(joint_dp, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("plan", PLANS.values(), ids=PLANS.keys())
+def test_the_calibration_is_the_bisections_answer_at_a_few_evaluations(plan, monkeypatch):
+    calls = counting(monkeypatch)
+    z = joint_dp._calibrate_after(*plan)
+    assert len(calls) <= 3  # the bisection evaluates 12 to 15 multipliers
+    assert bisection_answer(z, plan)  # epsilon within the target by the ledger's figure, 0.1 % tight
+
+
+def test_the_check_rejects_a_multiplier_one_bracket_off():
+    """The bracket below the answer is too little noise, the one above wastes it: neither passes."""
+    plan = PLANS["epochs"]
+    z = joint_dp._calibrate_after(*plan)
+    below, above = joint_dp._bracket(lambda m: m < z)[0], joint_dp._bracket(lambda m: m <= z)[1]
+    assert not bisection_answer(below, plan) and not bisection_answer(above, plan)
+
+
+def test_a_wrong_guess_costs_evaluations_not_the_answer(monkeypatch):
+    """Guesses at an order far from the best one: the bisection's answer still, at more of the
+    accountant's evaluations (the PLD plan's guess is settled by the same verdicts)."""
+    plan = PLANS["order moves"]
+    expected = joint_dp._calibrate_after(*plan)
+    monkeypatch.setattr(joint_dp, "COARSE_ORDERS", (32,))
+    monkeypatch.setattr(joint_dp, "BEST", 1)
+    calls = counting(monkeypatch)
+    assert joint_dp._calibrate_after(*plan) == expected and len(calls) > 3
+
+
+def test_an_epoch_plan_is_calibrated_once_per_process(monkeypatch):
+    fixed, epsilon, delta, count, q, _ = PLANS["small epsilon"]
+    z = joint_dp.calibrate_epochs(epsilon, delta, q, count, fixed)
+    calls = counting(monkeypatch)
+    assert joint_dp.calibrate_epochs(epsilon, delta, q, count, list(fixed)) == z and not calls
 
 
 def test_ledger_merges_entries_round_trips_and_affords():
