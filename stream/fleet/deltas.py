@@ -25,7 +25,7 @@ from sketchrec.models.base import ITEM, SLOTS, USER
 from sketchrec.privacy.mode import mode_of
 from sketchrec.stream.fleet.array_replica import ArrayReplica, merge_stats  # noqa: F401 (its home was here)
 from sketchrec.stream.fleet.delta_codec import add_entries, distinct, entries_of, publish, written_indices
-from sketchrec.stream.fleet.slots import FAMILIES, FleetSlots
+from sketchrec.stream.fleet.slots import FAMILIES, FROZEN, FleetSlots
 from sketchrec.sketches.count_sketch import cell_indices
 
 _EMPTY = np.empty(0, np.uint64)
@@ -223,8 +223,13 @@ class ModelReplica:
         (before the state is read as a whole: a digest, a snapshot, a settled replica). Until
         then a held id's row lags only what collisions moved in its cells (learning on a held id
         goes to its slot, and an apply moves the rows whose residuals it moved at once: _follow);
-        its local learning is kept either way (a refresh adds it back on)."""
+        its local learning is kept either way (a refresh adds it back on). ``full`` also sets the
+        slots' counts back to FROZEN: the learning kernel counts each sighting of a held id
+        (RAP's count), a member its own ids' only, so replicas would differ there and nowhere
+        else, in a count RAP never compares against FROZEN anyway."""
         learned = self.model.n_learned
+        if full and self.slots is not None:
+            self.model.heavy.counts[:] = FROZEN
         if self.stale and (full or not self.deferred
                            or learned - self._refreshed_at >= FULL_REFRESH_RATINGS):
             self.slots.refresh()
