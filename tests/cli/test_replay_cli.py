@@ -67,9 +67,15 @@ def test_speed_paces_the_stream_by_timestamps(tmp_path, capsys):
     assert last_json(capsys)["seconds"] >= 0.19
 
 
-def _holdout(capsys, ml100k, *extra) -> dict:
-    """The 20-epoch holdout of ML-100k at seed 1 (20% held out) with ``extra`` options."""
-    assert replay_main([str(ml100k), "--holdout", "0.2", "--epochs", "20", "--seed", "1",
+# The default learner's 20-epoch holdout of ML-100k at seed 1: a result that stays bit-identical
+# (non-private learning is deterministic), checked here to the last digits that any change of the
+# learning would move
+DEFAULT_HOLDOUT_RMSE = 0.9024695637936427
+
+
+def _holdout(capsys, ml100k, *extra, epochs: int = 20) -> dict:
+    """The holdout of ML-100k at seed 1 (20% held out) over ``epochs`` with ``extra`` options."""
+    assert replay_main([str(ml100k), "--holdout", "0.2", "--epochs", str(epochs), "--seed", "1",
                         *extra, "--quiet", "--json"]) == 0
     result = last_json(capsys)
     assert result["protocol"] == "holdout" and result["test"] == 20_000
@@ -77,26 +83,30 @@ def _holdout(capsys, ml100k, *extra) -> dict:
 
 
 def test_holdout_on_ml100k_meets_the_accuracy_bar(capsys, ml100k):
-    """The sketch learner's accuracy bar: 20 epochs, 20% holdout, seed 1 -> RMSE <= 0.920; and the implicit
-    term (`--implicit 64`) moves the same sketch learner well below it (one replay of the plain
-    sketch serves both checks: the suite's slowest replays).
+    """The sketch learner's accuracy bar: 20 epochs, 20% holdout, seed 1 -> RMSE <= 0.920.
 
-    The gap to the dense model at gamma=1 is bounded too (the gamma=1 vector sketch itself costs
-    some of it: with exact biases the gap stays); docs/results.md has the measured gaps.
+    Two comparisons on the same split after 5 epochs, where each shows as at 20 (a comparison of
+    two learners on one seeded split, not of a converged figure): the gap to the dense model at
+    gamma=1 is bounded (the gamma=1 vector sketch itself costs some of it: with exact biases the
+    gap stays; docs/results.md has the measured gaps), and the implicit term (`--implicit 64`)
+    moves the same sketch learner well below it (by about three times the margin asserted).
     """
-    rmse = {model: _holdout(capsys, ml100k, "--model", model)["rmse"] for model in ("sketch", "dense")}
-    assert rmse["sketch"] <= 0.920
+    assert _holdout(capsys, ml100k, "--model", "sketch")["rmse"] <= 0.920
+    rmse = {model: _holdout(capsys, ml100k, "--model", model, epochs=5)["rmse"]
+            for model in ("sketch", "dense")}
     assert 0 <= rmse["sketch"] - rmse["dense"] <= 0.008
-    implicit = _holdout(capsys, ml100k, "--model", "sketch", "--implicit", "64")
+    implicit = _holdout(capsys, ml100k, "--model", "sketch", "--implicit", "64", epochs=5)
     assert implicit["params"]["implicit"] == 64
     assert implicit["rmse"] < rmse["sketch"] - 0.003
 
 
 def test_the_default_holdout_on_ml100k_meets_the_accuracy_bar_through_implicit_feedback(capsys, ml100k):
-    """The default learner's bar: holdout 0.2, 20 epochs -> RMSE <= 0.905; the
-    combination gets there by switching on its factor member's implicit term for epochs."""
+    """The default learner's bar: holdout 0.2, 20 epochs -> RMSE <= 0.905, and the very figure
+    it has given since it was set (the learning unchanged); the combination gets there by
+    switching on its factor member's implicit term for epochs."""
     result = _holdout(capsys, ml100k)
     assert result["rmse"] <= 0.905
+    assert result["rmse"] == pytest.approx(DEFAULT_HOLDOUT_RMSE, rel=0, abs=1e-12)
     assert result["params"]["members"] == "bias + sketch adagrad-id lr=0.07 reg=0.12 d=64 implicit=64"
 
 
