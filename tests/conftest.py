@@ -288,10 +288,13 @@ def _compile_beside(log: Path) -> None:
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """``-n auto``: one worker per core, at most four (each worker may start a broker and a few
-    learner processes of its own; more workers than cores only make the timing tests wait)."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1))
+    """``-n auto``: one worker per core and one more, at most four. Many integration tests spend
+    much of their time waiting (a broker paused past its timeout, a budget's last pass, a reader's
+    health turning 503, a killed member's restart): the extra worker runs other tests in those
+    waits, where one per core would leave a core idle. Each worker may start a broker and a few
+    learner processes of its own, which is why there are not more."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores + 1))
 
 
 # The files whose tests take longest in wall time (a broker paused past its timeout, kills and
