@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sketchrec.formats import Layout
-from sketchrec.line_fields import decimal_block, text_block
+from sketchrec.line_fields import decimal_block
 from sketchrec.text_ids import Coded, Vocabulary, all_decimal, utf8_buffers
 
 MAX_ID_LENGTH = 256
@@ -68,12 +68,6 @@ def split_block(lines: pa.Array, layout: Layout, vocab: Vocabulary | None = None
     fast = decimal_block(lines, layout.sep, layout.width, layout.index)
     if fast is not None:   # plain decimal lines: one compiled pass (sketchrec.line_fields)
         return Block(*fast, [], lambda r: _text(lines, r))
-    fast = text_block(lines, layout.sep, layout.width, layout.index)
-    if fast is not None:   # plain text ids: split in the same pass, the ids read as any column
-        columns = dict(zip(("user", "item", "rating", "timestamp"), (fast[0], fast[1], pa.array(fast[2]),
-                                                                      pa.array(fast[3]))))
-        fields = {role: columns[role] for role in layout.index}
-        return _convert(fields, len(lines), None, [], lambda r: _text(lines, r), vocab)
     parts = pc.split_pattern(lines, pattern=layout.sep)
     counts = pc.list_value_length(parts).to_numpy(zero_copy_only=False)
     rejected: list[tuple[str, np.ndarray]] = []

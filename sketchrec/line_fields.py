@@ -25,7 +25,6 @@ import pyarrow as pa
 _POW10 = np.array([10.0 ** k for k in range(16)])   # exact doubles: 10^k for k <= 22
 MAX_DIGITS = 18          # an id or timestamp field (int64 without overflow)
 MAX_RATING_DIGITS = 15   # a rating's digits (its mantissa below 2^53)
-MAX_TEXT_ID = 256        # bytes of a text id the pass takes (sketchrec.chunks.MAX_ID_LENGTH)
 # roles in the kernel's order; a role the layout lacks is -1 (its column stays zero)
 ROLES = ("user", "item", "rating", "timestamp")
 
@@ -43,30 +42,6 @@ def decimal_block(lines: pa.Array, sep: str, width: int, index: dict[str, int]):
     ...               "rating": 2, "timestamp": 3}) is None
     True
     """
-    return _block(lines, sep, width, index, False)
-
-
-def text_block(lines: pa.Array, sep: str, width: int, index: dict[str, int]):
-    """(users, items, ratings, timestamps) of a block whose ids are plain text, or None: the
-    ratings and timestamps as ``decimal_block`` reads them, the ids as arrow string arrays of
-    their fields' bytes, for ``sketchrec.chunks`` to read as it reads any id column. A line is
-    taken when each id field is 1 to ``MAX_TEXT_ID`` printable ASCII characters other than a
-    space (nothing to trim, decode or measure in characters): UUIDs, hex digests, names such as
-    ``user-17``. Any other line sends the block to the general reader, as for decimal_block.
-
-    >>> lines = pa.array([b"ann,film-1,4.5,99", b"bob,7,3,100"], pa.binary())
-    >>> users, items, ratings, stamps = text_block(lines, ",", 4, {"user": 0, "item": 1,
-    ...                                            "rating": 2, "timestamp": 3})
-    >>> users.to_pylist(), items.to_pylist(), ratings.tolist(), stamps.tolist()
-    (['ann', 'bob'], ['film-1', '7'], [4.5, 3.0], [99, 100])
-    >>> text_block(pa.array([b"ann,x y,4,5"], pa.binary()), ",", 4, {"user": 0, "item": 1,
-    ...            "rating": 2, "timestamp": 3}) is None
-    True
-    """
-    return _block(lines, sep, width, index, True)
-
-
-def _block(lines: pa.Array, sep: str, width: int, index: dict[str, int], text: bool):
     n = len(lines)
     if lines.null_count or not pa.types.is_binary(lines.type) or not sep or n == 0:
         return None
@@ -77,17 +52,9 @@ def _block(lines: pa.Array, sep: str, width: int, index: dict[str, int], text: b
     where = np.array([index.get(role, -1) for role in ROLES], np.int64)
     users, items, stamps = (np.zeros(n, np.int64) for _ in range(3))
     ratings = np.zeros(n, np.float64)
-    # a text id's bytes, copied: (offsets, bytes) of the users' and the items' fields
-    spans = [(np.zeros(n + 1 if text else 1, np.int32), np.empty(len(data) if text else 1, np.uint8))
-             for _ in range(2)]
     ok = _parse(offsets, data, np.frombuffer(sep.encode(), np.uint8), width, where,
-                users, items, ratings, stamps, _POW10, text, *spans[0], *spans[1])
-    if not ok:
-        return None
-    if text:
-        users, items = (pa.StringArray.from_buffers(n, pa.py_buffer(o), pa.py_buffer(b[:max(int(o[-1]), 1)]))
-                        for o, b in spans)
-    return users, items, ratings, stamps
+                users, items, ratings, stamps, _POW10)
+    return (users, items, ratings, stamps) if ok else None
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -130,24 +97,8 @@ def _rating(data, start, end, pow10):
     return True, -value if negative else value
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _plain_text(data, start, end, out_offsets, out_data, row):
-    """Copy a field of 1..MAX_TEXT_ID bytes in '!'..'~' as the row's text; False otherwise."""
-    if end <= start or end - start > MAX_TEXT_ID:
-        return False
-    at = out_offsets[row]
-    for k in range(start, end):
-        c = data[k]
-        if c < 33 or c > 126:
-            return False
-        out_data[at + k - start] = c
-    out_offsets[row + 1] = at + end - start
-    return True
-
-
 @njit(cache=True, nogil=True)
-def _parse(offsets, data, sep, width, where, users, items, ratings, stamps, pow10,
-           text, u_offsets, u_data, i_offsets, i_data):
+def _parse(offsets, data, sep, width, where, users, items, ratings, stamps, pow10):
     n_sep = sep.shape[0]
     for row in range(offsets.shape[0] - 1):
         start, end = offsets[row], offsets[row + 1]
@@ -176,13 +127,7 @@ def _parse(offsets, data, sep, width, where, users, items, ratings, stamps, pow1
                     k += 1
             if field >= width:
                 return False
-            if text and field == where[0]:
-                if not _plain_text(data, at, stop, u_offsets, u_data, row):
-                    return False
-            elif text and field == where[1]:
-                if not _plain_text(data, at, stop, i_offsets, i_data, row):
-                    return False
-            elif field == where[0] or field == where[1] or field == where[3]:
+            if field == where[0] or field == where[1] or field == where[3]:
                 value = _digits(data, at, stop)
                 if value < 0:
                     return False

@@ -1,6 +1,6 @@
-"""The compiled passes over plain lines (decimal ids, or plain text ids) give the columns the
-general reader gives, bit for bit, and leave every line they cannot read exactly to it (signs,
-spaces, carriage returns, long or empty fields, non-ASCII ids, a wrong number of fields)."""
+"""The compiled pass over plain decimal lines gives the columns the general reader gives, bit for
+bit, and leaves every line it cannot read exactly to it (signs, spaces, carriage returns, long
+or empty fields, text ids, a wrong number of fields)."""
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from sketchrec import chunks, line_fields
 from sketchrec.formats import Layout
-from sketchrec.text_ids import Coded, Vocabulary
 
 LAYOUT = Layout(",", False, {"user": 0, "item": 1, "rating": 2, "timestamp": 3}, 4, "movielens-csv")
 COLUMNS = ("users", "items", "ratings", "timestamps")
@@ -31,14 +30,14 @@ PLAIN = st.tuples(DIGITS, DIGITS, RATING, DIGITS).map(",".join)
 BLOCK = st.lists(PLAIN, min_size=1, max_size=8) | st.lists(PLAIN | LINE, min_size=1, max_size=8)
 
 
-def general(lines: pa.Array, vocab=None) -> chunks.Block:
-    """The block read without the compiled passes (what they must agree with)."""
-    saved = chunks.decimal_block, chunks.text_block
-    chunks.decimal_block = chunks.text_block = lambda *a: None
+def general(lines: pa.Array) -> chunks.Block:
+    """The block read without the compiled pass (what it must agree with)."""
+    saved = chunks.decimal_block
+    chunks.decimal_block = lambda *a: None
     try:
-        return chunks.split_block(lines, LAYOUT, vocab)
+        return chunks.split_block(lines, LAYOUT)
     finally:
-        chunks.decimal_block, chunks.text_block = saved
+        chunks.decimal_block = saved
 
 
 def columns(block) -> list:
@@ -46,9 +45,7 @@ def columns(block) -> list:
     return [bits(getattr(block, c)) for c in COLUMNS]
 
 
-def bits(column):
-    if isinstance(column, Coded):
-        return ("codes", column.ids().tolist())
+def bits(column: np.ndarray):
     return (column.dtype.str, column.tolist() if column.dtype == object else column.tobytes())
 
 
@@ -64,32 +61,6 @@ def test_a_block_reads_the_same_either_way(texts):
     block = chunks.split_block(lines, LAYOUT)
     assert columns(block) == columns(slow)
     assert [(r, m.tolist()) for r, m in block.rejected] == [(r, m.tolist()) for r, m in slow.rejected]
-
-
-# text ids: what the text pass takes (printable ASCII without a space or the separator), and
-# what it must leave to the general reader (spaces, non-ASCII, an empty or a 300-byte id)
-TEXT_ID = (st.from_regex(r"[!-+\--~]{1,12}", fullmatch=True)
-           | st.sampled_from(["user-7", "007", "+5", "-3", "a b", " x", "é", "", "k" * 300, "x\r"]))
-TEXT_LINE = st.tuples(TEXT_ID, TEXT_ID, RATING | PIECES, DIGITS | PIECES).map(",".join)
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.lists(TEXT_LINE, min_size=1, max_size=8), st.booleans())
-def test_a_block_of_text_ids_reads_the_same_either_way(texts, coded):
-    lines = pa.array([t.encode() for t in texts], pa.binary())
-    slow = general(lines, Vocabulary() if coded else None)
-    block = chunks.split_block(lines, LAYOUT, Vocabulary() if coded else None)
-    assert columns(block) == columns(slow)
-    assert [(r, m.tolist()) for r, m in block.rejected] == [(r, m.tolist()) for r, m in slow.rejected]
-
-
-def test_plain_text_ids_take_the_text_pass():
-    lines = pa.array([b"00000000-0000-0000-6508-8982715b6da7,user-17,3.5,1261009409", b"ann,007,4,5"])
-    users, items, ratings, stamps = line_fields.text_block(lines, ",", 4, LAYOUT.index)
-    assert users.to_pylist() == ["00000000-0000-0000-6508-8982715b6da7", "ann"]
-    assert items.to_pylist() == ["user-17", "007"] and ratings.tolist() == [3.5, 4.0]
-    for odd in (b"ann,b c,4,5", b"ann,\xc3\xa9,4,5", b"ann,,4,5", b"ann,b,4", b"ann,b,4.,5"):
-        assert line_fields.text_block(pa.array([b"ann,b,4,5", odd]), ",", 4, LAYOUT.index) is None
 
 
 def test_decimal_ratings_are_the_correctly_rounded_doubles():
