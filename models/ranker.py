@@ -6,8 +6,8 @@ constructor arguments read back by ``_get_params`` and copied by ``clone``. rive
 name (duck typing), so ``models.river_adapters.RankerRegressor`` hands any of our learners to
 ``river.evaluate.progressive_val_score`` and river's metrics as before. What the learners do not
 inherit from river is its import: ``river.reco`` pulls in river's optimisers and with them scipy,
-about a second of CPU at the start of every process (a consumer, a server, each serving reader),
-whether or not river's own model is used. river is imported by ``models.river_adapters`` only,
+which every process (a consumer, a server, each serving reader) would pay for at its start, whether
+or not river's own model is used. river is imported by ``models.river_adapters`` only,
 where river's model or river's evaluation is asked for.
 
 >>> class Constant(Ranker):

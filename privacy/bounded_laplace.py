@@ -85,8 +85,9 @@ class BoundedLaplace:
             hi *= 2.0
         if hi == lo:
             return lo
-        # scipy.optimize is imported here only (a fifth of a second of CPU): local DP perturbs the
-        # whole range (privacy.ldp), which needs no root, so no service imports it, in any thread
+        # scipy.optimize is imported here only (a costly import at every process start): local DP
+        # perturbs the whole range (privacy.ldp), which needs no root, so no service imports it,
+        # in any thread
         from scipy.optimize import brentq
         b = brentq(excess, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
         for _ in range(64):  # make sure the returned scale is on the private side of the root

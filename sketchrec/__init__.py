@@ -28,8 +28,8 @@ from sketchrec.models.private.joint_als import PrivateALS  # noqa: E402
 
 
 def __getattr__(name: str):
-    """``RiverBiasedMF`` on first use (PEP 562): it imports river, and with it scipy, about a
-    second of CPU that a process learning or serving our own models should not pay at start.
+    """``RiverBiasedMF`` on first use (PEP 562): it imports river, and with it scipy, which a
+    process learning or serving our own models should not pay for at its start.
     The river kind runs in ``replay`` only (``models.capabilities``), whose model is built on
     the main thread (``cli.config``), so river is never imported first in a thread."""
     if name == "RiverBiasedMF":

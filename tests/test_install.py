@@ -113,8 +113,8 @@ def test_every_extra_is_installed_here(extra):
 
 
 # what the long-running processes import at start: a consumer, a server, a fleet member and a
-# serving reader never use river's model, and river's import (its optimisers pull in scipy) cost
-# about a second of CPU at each of their starts; local DP's mechanism (a device's noise, a
+# serving reader never use river's model, and river's import (its optimisers pull in scipy) is
+# paid at each of their starts; local DP's mechanism (a device's noise, a
 # server's debiasing map) finds no root, so scipy.optimize stays out too
 STARTS = """
 import sys
