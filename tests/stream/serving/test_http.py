@@ -231,10 +231,14 @@ def _wait_for(url: str, timeout: float = 180.0) -> httpx.Response:
 
 def test_replay_serve_keeps_serving_after_the_replay_until_interrupted(tmp_path):
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", "--synthetic-ratings", "30000",
-                             "--synthetic-users", "500", "--synthetic-items", "200", "--quiet",
-                             "--serve", f"127.0.0.1:{port}", "--checkpoint", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path.with_suffix(".log"), "w") as log:   # a pipe nobody reads could fill
+        proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", "--synthetic-ratings", "30000",
+                                 "--synthetic-users", "500", "--synthetic-items", "200", "--quiet",
+                                 "--serve", f"127.0.0.1:{port}", "--checkpoint", str(tmp_path),
+                                 # served from the learning process: the lifecycle claimed here is the
+                                 # replay's; reader processes' own is tests/integration/test_workers.py's
+                                 "--workers", "1"],
+                                stdout=subprocess.DEVNULL, stderr=log)
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_for(f"{base}/healthz")
@@ -257,9 +261,12 @@ def test_serve_a_checkpoint_read_only_and_reload_newer(tmp_path):
     service, _ = learned_service(n=5000, checkpoint_dir=tmp_path)
     service.checkpoint()
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(tmp_path),
-                             "--listen", f"127.0.0.1:{port}", "--reload-every", "0.2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path.with_suffix(".log"), "w") as log:   # a pipe nobody reads could fill
+        proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(tmp_path),
+                                 "--listen", f"127.0.0.1:{port}", "--reload-every", "0.2",
+                                 # one process: readers moving to a newer checkpoint are test_workers'
+                                 "--workers", "1"],
+                                stdout=subprocess.DEVNULL, stderr=log)
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_for(f"{base}/healthz")
