@@ -263,8 +263,8 @@ class _Counted(HeavyHitters):
     sketch, and the list is re-ranked over the catalogue (``rerank_popular``: at take and apply
     at most every ``RERANK_S``, and at ``settle``), which is what makes replicas list the same
     items. ``HeavyHitters.add_many`` also merged the batch's new ids into the list and trimmed
-    it, re-estimating every listed id: at a fleet member's sync-sized batches that cost a third
-    as much as learning them, for a list the next re-rank replaces."""
+    it, re-estimating every listed id: at a fleet member's sync-sized batches, a large part of
+    learning them, for a list the next re-rank replaces."""
 
     @classmethod
     def of(cls, popular: HeavyHitters) -> "_Counted":
