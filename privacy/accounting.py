@@ -22,6 +22,8 @@ import math
 import secrets
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from sketchrec.extras import MissingExtra
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -180,19 +182,37 @@ class PrivacyLedger:
     def affordable(self, budget: float, noise_multiplier: float, sampling_rate: float = 1.0,
                    limit: int = 1 << 30) -> int:
         """The largest number (<= limit) of further such releases keeping epsilon <= budget."""
-        if self.epsilon_if(noise_multiplier, sampling_rate, 0) > budget:
+        cost = self._epsilon_after(noise_multiplier, sampling_rate)
+        if cost(0) > budget:
             return 0
         lo, hi = 0, 1
-        while hi <= limit and self.epsilon_if(noise_multiplier, sampling_rate, hi) <= budget:
+        while hi <= limit and cost(hi) <= budget:
             lo, hi = hi, hi * 2
         hi = min(hi, limit + 1)
         while hi - lo > 1:  # epsilon grows with the count: bisect the first count over budget
             mid = (lo + hi) // 2
-            if self.epsilon_if(noise_multiplier, sampling_rate, mid) <= budget:
+            if cost(mid) <= budget:
                 lo = mid
             else:
                 hi = mid
         return lo
+
+    def _epsilon_after(self, noise_multiplier: float, sampling_rate: float):
+        """``epsilon_if`` as a function of the count. RDP: the accountant adds count times one
+        release's RDP to the ledger's, order by order, so both are computed once and every count
+        costs a few array operations: the same figure, to the last bit."""
+        if self.accountant != "rdp":
+            return lambda count: self.epsilon_if(noise_multiplier, sampling_rate, count)
+        rdp, step = _dp().rdp, GaussianSteps(noise_multiplier, sampling_rate)
+        orders = rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS
+        spent, one = (_composed(steps, _accountant("rdp")) for steps in (self.steps, [step]))
+
+        def cost(count: int) -> float:
+            if spent is None and count == 0:
+                return 0.0
+            total = spent.rdp if count == 0 else (0.0 if spent is None else spent.rdp) + count * one.rdp
+            return float(rdp.compute_epsilon(np.array(orders), total, self.delta)[0])
+        return cost
 
     def begin_pass(self, noise_multiplier: float, budget: float | None = None) -> bool:
         """Record one more pass over a stream (each rating in one noisy step; a restart or a

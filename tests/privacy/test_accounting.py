@@ -157,6 +157,9 @@ def test_ledger_merges_entries_round_trips_and_affords():
     n = ledger.affordable(budget, 1.0, 0.01)
     assert n > 0
     assert ledger.epsilon_if(1.0, 0.01, n) <= budget < ledger.epsilon_if(1.0, 0.01, n + 1)
+    after = ledger._epsilon_after(1.0, 0.01)   # the bisection's figures: epsilon_if's, exactly
+    assert [after(k) for k in (0, 1, 7, n)] == [ledger.epsilon_if(1.0, 0.01, k) for k in (0, 1, 7, n)]
+    assert PrivacyLedger("rating", 1e-5)._epsilon_after(1.0, 0.01)(0) == 0.0
     assert ledger.affordable(ledger.epsilon() / 2, 1.0, 0.01) == 0
 
 
