@@ -222,8 +222,10 @@ def _rdp_settle(steps, epsilon: float, delta: float, verdicts: _Verdicts) -> Non
     too, the bracket is found again at the orders with the least epsilon there."""
     def at(orders):
         def too_little(z):
-            if verdicts.known(z) or z >= GUESS_CEILING:
+            if verdicts.known(z):
                 return z <= verdicts.low
+            if z >= GUESS_CEILING:   # past where guesses stop: the accountant's own verdict, never
+                return verdicts(z)   # a subset's unevaluated "enough" (its bracket end is recorded)
             return min(rdp_epsilons(steps(z), delta, orders).values(), default=0.0) > epsilon
         return too_little
 

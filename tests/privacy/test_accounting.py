@@ -137,6 +137,15 @@ def test_a_wrong_guess_costs_evaluations_not_the_answer(monkeypatch):
     assert joint_dp._calibrate_after(*plan) == expected and len(calls) > 3
 
 
+def test_a_target_past_the_guesses_ceiling_is_settled_by_the_accountant():
+    """A target so small that no multiplier under the guesses' ceiling reaches it at the subset of
+    orders: the answer is still the bisection's, its epsilon within the target by the ledger's own
+    figure (a guess's unevaluated "enough" above the ceiling once returned too little noise)."""
+    plan = ([], 0.001, 1e-5, 1000, 1.0, "rdp")
+    z = joint_dp._calibrate_after(*plan)
+    assert z > joint_dp.GUESS_CEILING and bisection_answer(z, plan)
+
+
 def test_an_epoch_plan_is_calibrated_once_per_process(monkeypatch):
     fixed, epsilon, delta, count, q, _ = PLANS["small epsilon"]
     z = joint_dp.calibrate_epochs(epsilon, delta, q, count, fixed)
