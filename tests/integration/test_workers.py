@@ -3,7 +3,6 @@ model the learner keeps in shared memory, while it learns."""
 
 import json
 import math
-import multiprocessing
 import os
 import signal
 import socket
@@ -24,23 +23,42 @@ from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.workers.block import PREFIX
 from sketchrec.stream.serving.workers.pool import WorkerPool
-from conftest import http
+from conftest import http, stop_processes
 
 TOKEN = "workers-admin"
 K = 10
 
 
-def _hammer(url: str, users: list, seconds: float) -> list:
-    """A client process: /recommend for these users, round robin, for ``seconds`` and at least 30
-    answers (readers on a cold numba cache compile their kernels first: up to a minute)."""
-    out = []
-    with httpx.Client(base_url=url, timeout=90) as client:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline or len(out) < 30:
-            user = users[len(out) % len(users)]
-            r = client.get("/recommend", params={"user": user, "k": K})
-            out.append((user, r.status_code, r.text))
-    return out
+# A client process: /recommend for the users in argv, round robin, for argv's seconds and at least
+# 30 answers (readers on a cold numba cache compile their kernels first: up to a minute); the answers
+# as JSON on stdout. A script of its own, not a function of this module: a spawned process would
+# import the module, and with it the package, only to send requests.
+_HAMMER = """
+import json, sys, time
+import httpx
+url, users, seconds, k = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+out = []
+with httpx.Client(base_url=url, timeout=90) as client:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline or len(out) < 30:
+        user = users[len(out) % len(users)]
+        r = client.get("/recommend", params={"user": user, "k": k})
+        out.append((user, r.status_code, r.text))
+json.dump(out, sys.stdout)
+"""
+
+
+def _hammer(url: str, users: list, seconds: float, clients: int, log) -> list:
+    """``clients`` client processes at once, each over its share of ``users``: every answer."""
+    procs = [subprocess.Popen([sys.executable, "-c", _HAMMER, url, json.dumps(users[n::clients]),
+                               str(seconds), str(K)], stdout=subprocess.PIPE, stderr=log)
+             for n in range(clients)]
+    try:
+        outs = [proc.communicate(timeout=300)[0] for proc in procs]
+    finally:
+        stop_processes(procs)
+    assert all(proc.returncode == 0 for proc in procs), log.name
+    return [tuple(answer) for out in outs for answer in json.loads(out)]
 
 
 def _segments() -> set:
@@ -83,8 +101,8 @@ def test_readers_answer_from_the_live_model_while_it_learns(data, tmp_path):
         base = http.get(f"{pool.url}/stats").json()["ratings_learned"]
         probe = http.get(f"{pool.url}/predict", params={"user": "1", "item": "1"}).json()["rating"]
         learner.start()
-        with multiprocessing.get_context("spawn").Pool(3) as clients:
-            answers = sum(clients.starmap(_hammer, [(pool.url, users[n::3], 3.0) for n in range(3)]), [])
+        with open(tmp_path / "clients.log", "w") as log:
+            answers = _hammer(pool.url, users, 3.0, 3, log)
         assert len(answers) > 50
         for user, status, text in answers:
             assert status == 200, text
@@ -214,9 +232,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _learner(ckpt: str, port: int, **popen) -> subprocess.Popen:
+def _learner(ckpt: str, port: int, workers: int = 2, **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", ckpt,
-                             "--workers", "2", "--listen", f"127.0.0.1:{port}"],
+                             "--workers", str(workers), "--listen", f"127.0.0.1:{port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -309,7 +327,9 @@ def test_readers_never_outlive_a_learner_killed_and_a_restart_binds(tmp_path, wh
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)
-    again = _learner(ckpt, port)
+    # the restart binds the port and serves: one process is enough to show it (no readers of its
+    # own, which the kill above is not about)
+    again = _learner(ckpt, port, workers=1)
     try:
         _ready(again, port)
     finally:
