@@ -38,6 +38,7 @@ def start_server(service, serving: ServingSettings, reload_every: float | None =
     from sketchrec.stream.serving.http import access_for, loopback
     from sketchrec.stream.serving.server import PortInUse
     load_titles(service, serving.items)
+    accountant_first(service)
     host = serving.listen[0]
     access = access_for(serving.access, host)
     try:
@@ -53,6 +54,21 @@ def start_server(service, serving: ServingSettings, reload_every: float | None =
         print(f"sketchrec: --open: /predict and /recommend answer anyone who reaches {host} about any "
               "user (no credential needed)", file=sys.stderr, flush=True)
     return server
+
+
+def accountant_first(service) -> None:
+    """A DP model's /privacy composes its epsilon in an HTTP thread: its accountant is imported
+    here first, on the main thread (``privacy.accounting.load_accountant``). A joint-DP service
+    (no ``privacy_mode``) is always DP; a service in no central mode loads nothing. Without the dp
+    extra, /privacy says so itself when asked."""
+    mode = getattr(service, "privacy_mode", None)
+    if mode is None or mode.central:
+        from sketchrec.extras import MissingExtra
+        from sketchrec.privacy.accounting import load_accountant
+        try:
+            load_accountant()
+        except MissingExtra:
+            pass
 
 
 def _start(service, serving: ServingSettings, access, reload_every: float | None):

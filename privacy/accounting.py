@@ -41,6 +41,16 @@ def _dp():
     # leaves that order out, which keeps the bound valid): noise on a command line, not news
     absl_logging.set_verbosity(absl_logging.ERROR)
     return dp_accounting
+
+
+def load_accountant() -> None:
+    """Import the accountant now, in the calling thread (``_dp``): a process that composes an
+    epsilon from another thread (a served DP model's /privacy, in an HTTP thread) calls this on
+    its main thread first, so that dp-accounting and the SciPy it pulls in are never first
+    imported in a thread beside the kernels' compiles and loads."""
+    _dp()
+
+
 RELATIONS = ("add/remove", "replace-one")
 
 

@@ -124,6 +124,13 @@ from sketchrec.privacy.ldp import Debias, DeviceRandomiser
 Debias(2.0, 1.0, 5.0), DeviceRandomiser(2.0, 1.0, 5.0).perturb([3.0])
 heavy = ("river", "scipy.optimize")
 print(sorted(m for m in heavy if m in sys.modules))
+from types import SimpleNamespace
+from sketchrec.cli.serving import accountant_first
+from sketchrec.privacy.mode import PrivacyMode
+accountant_first(SimpleNamespace(privacy_mode=PrivacyMode.NONE))
+print("dp_accounting" in sys.modules)
+accountant_first(SimpleNamespace(privacy_mode=PrivacyMode.DP_SGD_RATING))
+print("dp_accounting" in sys.modules)
 import sketchrec
 from sketchrec.privacy.bounded_laplace import BoundedLaplace
 sketchrec.RiverBiasedMF(dim=2), BoundedLaplace(epsilon=1.0, lower=1.0, upper=5.0, sensitivity=1.0)
@@ -136,4 +143,5 @@ def test_the_services_start_without_importing_river_or_a_root_finder(tmp_path):
                          timeout=300)
     assert res.returncode == 0, res.stderr
     # and river's model and a calibrated scale are still there, importing them when asked for
-    assert res.stdout.split("\n")[:2] == ["[]", "['river', 'scipy.optimize']"]
+    # a served DP model's accountant is imported on the main thread at start, a non-private one's never
+    assert res.stdout.split("\n")[:4] == ["[]", "False", "True", "['river', 'scipy.optimize']"]
