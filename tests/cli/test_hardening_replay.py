@@ -192,7 +192,7 @@ def test_ctrl_c_prints_the_partial_summary_and_exits_130(tmp_path):
     proc = subprocess.Popen([REPLAY, str(path), "--speed", "100", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(min(start_up + 5.0, 40.0))   # learning for seconds, far from the minute's end
+    time.sleep(min(2 * start_up + 3.0, 40.0))   # learning for seconds, far from the minute's end
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err

@@ -67,12 +67,6 @@ def test_speed_paces_the_stream_by_timestamps(tmp_path, capsys):
     assert last_json(capsys)["seconds"] >= 0.19
 
 
-# The default learner's 20-epoch holdout of ML-100k at seed 1: a result that stays bit-identical
-# (non-private learning is deterministic), checked here to the last digits that any change of the
-# learning would move
-DEFAULT_HOLDOUT_RMSE = 0.9024695637936427
-
-
 def _holdout(capsys, ml100k, *extra, epochs: int = 20) -> dict:
     """The holdout of ML-100k at seed 1 (20% held out) over ``epochs`` with ``extra`` options."""
     assert replay_main([str(ml100k), "--holdout", "0.2", "--epochs", str(epochs), "--seed", "1",
@@ -101,12 +95,12 @@ def test_holdout_on_ml100k_meets_the_accuracy_bar(capsys, ml100k):
 
 
 def test_the_default_holdout_on_ml100k_meets_the_accuracy_bar_through_implicit_feedback(capsys, ml100k):
-    """The default learner's bar: holdout 0.2, 20 epochs -> RMSE <= 0.905, and the very figure
-    it has given since it was set (the learning unchanged); the combination gets there by
-    switching on its factor member's implicit term for epochs."""
+    """The default learner's bar: holdout 0.2, 20 epochs -> RMSE <= 0.905; the combination gets
+    there by switching on its factor member's implicit term for epochs. (That its figure stays
+    bit-identical is checked by the release checklist on one machine, not here: compiled code on
+    another CPU may move the last digits.)"""
     result = _holdout(capsys, ml100k)
     assert result["rmse"] <= 0.905
-    assert result["rmse"] == pytest.approx(DEFAULT_HOLDOUT_RMSE, rel=0, abs=1e-12)
     assert result["params"]["members"] == "bias + sketch adagrad-id lr=0.07 reg=0.12 d=64 implicit=64"
 
 
