@@ -1,5 +1,5 @@
 """--max-items: the serving side's per-item memory is set on the command line (replay, consume,
-serve --bootstrap) and holds in a real process fed 200,000 distinct new item ids."""
+serve --bootstrap) and holds in a real process fed 500,000 distinct new item ids."""
 
 from __future__ import annotations
 
@@ -14,10 +14,7 @@ import pytest
 
 from conftest import free_port, stop_processes
 
-# Nearly seven times the bound: an unbounded catalogue's index build (~10 KB an item) would pass
-# the allowance below tenfold, as at any larger stream; more ratings only cost CPU (500,000 new
-# ids through the same bound, in-process: tests/stream/test_bounded_memory.py)
-RATINGS = 200_000
+RATINGS = 500_000
 MAX_ITEMS = 30_000   # compacted to 22,500: above the retrieval index's threshold, so it is built
 
 
@@ -43,10 +40,10 @@ def memory_kb(pid: int) -> dict[str, int]:
                 if k in ("VmRSS", "VmHWM")}
 
 
-@pytest.mark.slow   # two real services over 200,000 ratings each, side by side
-def test_a_service_fed_many_times_its_bound_in_new_items_stays_within_its_configured_memory(tmp_path):
+@pytest.mark.slow   # two real services over 500,000 ratings each, side by side: the issue's own check
+def test_a_service_fed_half_a_million_new_items_stays_within_its_configured_memory(tmp_path):
     """Two replays served from one process each, run side by side with the same options: one fed
-    RATINGS distinct new item ids, one the same number of ratings over 2,000 items. After a
+    500,000 distinct new item ids, one the same number of ratings over 2,000 items. After a
     recommendation (the item snapshot and the retrieval index built over the full catalogue),
     the first holds no more than the second by what its /stats says the larger catalogue costs,
     with room for the allocator: without the bound the catalogue, snapshot and index grow with
