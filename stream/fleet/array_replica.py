@@ -59,6 +59,9 @@ class ArrayReplica:
 
     ahead = touched
 
+    def refresh_every(self, ratings: int) -> None:
+        """Nothing held apart to refresh (no heavy slots)."""
+
     def ready(self, full: bool = False) -> None:
         """Nothing held apart to refresh (no heavy slots)."""
 

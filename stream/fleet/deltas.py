@@ -33,11 +33,11 @@ _EMPTY = np.empty(0, np.uint64)
 # others of ``state_arrays()`` (statistics, counters, DP steps, AdaGrad's sums) go through an
 # ArrayReplica beside it
 _WALKED = ("vectors", "biases")
-# deferred replicas: ratings the replica's model learned or applied (its n_learned) between two
-# refreshes of every held slot's row (the refresh hashes every held id's cells: on a fleet member
-# it cost more than learning, py-spy). Counted in ratings, not in takes and applies: those come
-# (M - 1) / interval per rating, 3x as often per rating at M = 4 as at M = 2 for the same lag;
-# about 8 takes and applies of 2,000 ratings (M = 2)
+# deferred replicas: by default, ratings the replica's model learned or applied (its n_learned)
+# between two refreshes of every held slot's row (the refresh hashes every held id's cells: on a
+# fleet member it cost more than learning, py-spy). A fleet member sets its own from its sync
+# interval (``refresh_every``, ``pace.full_refresh_ratings``); this is what that gives at the
+# default intervals
 FULL_REFRESH_RATINGS = 16_000
 
 
@@ -83,8 +83,9 @@ class ModelReplica:
         self._carry = (np.empty(0, np.int64),) * 2 + (np.empty(0, np.uint64), np.empty(0, np.uint8))
         self._masks: tuple | None = None
         # deferred: a take or apply leaves the held slots' rows stale, for ready() to refresh,
-        # which it does every FULL_REFRESH_RATINGS (or when told: settle, a snapshot)
+        # which it does every refresh_ratings (or when told: settle, a snapshot)
         self.deferred, self.stale, self._refreshed_at = deferred, False, model.n_learned
+        self.refresh_ratings = FULL_REFRESH_RATINGS
         self._admitted = 0   # of slots.pending, admitted ahead of a batch (ahead) already
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
@@ -212,13 +213,18 @@ class ModelReplica:
             self._went_stale()
         return out
 
+    def refresh_every(self, ratings: int) -> None:
+        """A deferred replica refreshes every held slot once its model learned or applied
+        ``ratings`` ratings since the last refresh (a fleet member: ``pace.full_refresh_ratings``)."""
+        self.refresh_ratings = max(1, int(ratings))
+
     def _went_stale(self) -> None:
         self.stale = True
         self.ready()
 
     def ready(self, full: bool = False) -> None:
         """Refresh the held slots' rows where a take or apply left them stale. Not deferred: at
-        once. Deferred: once the model learned or applied ``FULL_REFRESH_RATINGS`` ratings since
+        once. Deferred: once the model learned or applied ``refresh_ratings`` ratings since
         the last refresh, or now if ``full``
         (before the state is read as a whole: a digest, a snapshot, a settled replica). Until
         then a held id's row lags only what collisions moved in its cells (learning on a held id
@@ -231,7 +237,7 @@ class ModelReplica:
         if full and self.slots is not None:
             self.model.heavy.counts[:] = FROZEN
         if self.stale and (full or not self.deferred
-                           or learned - self._refreshed_at >= FULL_REFRESH_RATINGS):
+                           or learned - self._refreshed_at >= self.refresh_ratings):
             self.slots.refresh()
             self.stale, self._refreshed_at = False, learned
 
@@ -265,7 +271,7 @@ class ModelReplica:
         S, at once: a row is S + the id's estimate + local learning, and only S moved. Cheaper
         than refreshing them (which hashes each id's cells again: at M = 4 it was the apply's
         largest part); what collisions moved in their cells waits for the next refresh (every
-        ``FULL_REFRESH_RATINGS``, and at ``ready(full=True)``), which also
+        ``refresh_ratings``, and at ``ready(full=True)``), which also
         recomputes each view from S in float64, so a settled replica is the same either way."""
         inside = held >= 0
         slots, change = held[inside], rows[inside].astype(np.float32)

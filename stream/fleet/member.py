@@ -38,7 +38,8 @@ from collections import Counter
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet import snapshots
-from sketchrec.stream.fleet.pace import ALONE, SYNC_RATINGS, HotItems, noisy_batch, sync_interval
+from sketchrec.stream.fleet.pace import (ALONE, SYNC_RATINGS, HotItems, full_refresh_ratings, noisy_batch,
+                                         sync_interval)
 from sketchrec.stream.fleet.outage import Outages
 from sketchrec.stream.fleet.replicas import (FleetReplica, TopicSnapshots, ensure_fleet_topics,  # noqa: F401
                                              model_producer, new_member_id, open_replica, rebuild,
@@ -230,12 +231,15 @@ class FleetLearner(KafkaLearner):
         partitions = self.consumer.partitions_for_topic(self.topic) or set()
         held = {tp.partition for tp in self.consumer.assignment()}
         self.alone = bool(partitions) and partitions <= held
-        every = self.sync_ratings
+        every = base = self.sync_ratings
+        members = -(-len(partitions) // len(held)) if held and not self.alone else 1
         if self.alone:
-            every *= ALONE
+            every = base = every * ALONE
         elif self.by_size and held:
-            members = -(-len(partitions) // len(held))
-            every = self.hot.bound(max(every, sync_interval(members, self.dp_batch)), members)
+            base = max(every, sync_interval(members, self.dp_batch))
+            every = self.hot.bound(base, members)
+        # the held slots' full refresh follows the interval, not a hot item's shortening of it
+        self.tracker.refresh_every(full_refresh_ratings(base, members))
         self.chunk_ratings = self.book.every = every
 
     def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:

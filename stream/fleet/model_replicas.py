@@ -75,6 +75,9 @@ class MixReplica:
     def ahead(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
         self._each("ahead", ukeys, ikeys)
 
+    def refresh_every(self, ratings: int) -> None:
+        self._each("refresh_every", ratings)
+
     def ready(self, full: bool = False) -> None:
         self._each("ready", full)
 

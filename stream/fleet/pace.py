@@ -36,6 +36,9 @@ SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one membe
 # keeps that constant. A fixed interval at every M is cheaper, but the members' summed steps
 # overshot (the default learner's capped means, the sketch on sparse streams: docs/fleet.md)
 DRIFT_RATINGS = 2_000
+# held slots' full refresh: every FULL_REFRESH_SYNCS x the drift a member's interval allows
+# (full_refresh_ratings)
+FULL_REFRESH_SYNCS = 8
 HOT_STEPS = 32   # about the bias baseline's horizon + 1 + damping: its running mean's length
 FLOOR = 100      # ratings: the shortest interval the bound sets
 
@@ -98,6 +101,25 @@ def sync_interval(members: int, dp_batch: int | None = None) -> int:
     if dp_batch:
         return -(-max(DRIFT_RATINGS, dp_batch) // dp_batch) * dp_batch
     return max(SYNC_RATINGS, DRIFT_RATINGS // (members - 1))
+
+
+def full_refresh_ratings(every: int, members: int) -> int:
+    """Ratings learned or applied between two full refreshes of a fleet member's held slots
+    (``deltas.ModelReplica.refresh_every``), for a member syncing every ``every`` of its own
+    ratings among ``members``: ``FULL_REFRESH_SYNCS`` x the others' ratings it learns without at
+    that interval ((M - 1) x ``every``, the drift the interval allows). Between refreshes a held
+    row lags what collisions moved in its cells, which grows with the ratings learned or applied:
+    a bound proportionate to the drift the fleet already accepts. At the default intervals
+    (``sync_interval``) the same for every M up to 5 (``deltas.FULL_REFRESH_RATINGS``), so a
+    larger fleet does not refresh more often per rating; a shorter ``--sync-ratings`` shortens it
+    (at M = 2, every ``FULL_REFRESH_SYNCS`` syncs whatever the interval).
+
+    >>> full_refresh_ratings(2000, 2), full_refresh_ratings(666, 4), full_refresh_ratings(200, 2)
+    (16000, 15984, 1600)
+    >>> full_refresh_ratings(10_000, 1)   # alone: its own takes only
+    80000
+    """
+    return FULL_REFRESH_SYNCS * every * max(1, members - 1)
 
 
 def noisy_batch(model, fleet_dp: dict | None) -> int | None:

@@ -60,7 +60,8 @@ pass, or every cell in one branch-free pass once the rows learned since the last
 as many cells as the model has (float32; ML-100k at 2,000-rating takes moves ~70% of them);
 ``apply`` the delta's size. The held slots' rows (``models.fleet_slots``: depth x light_dim
 hashed reads each, one compiled pass) move with the residuals an apply adds to them, at once,
-and are all refreshed every ``deltas.FULL_REFRESH_RATINGS`` ratings learned or applied, at
+and are all refreshed every ``refresh_every`` ratings learned or applied (a member's: from its
+sync interval, ``pace.full_refresh_ratings``), at
 ``settle`` (so before a digest or snapshot) and at ``ready(full=True)``; in between a held id's
 row lags only what collisions moved in its cells (a fleet member calls ``ready`` when it polls
 and before it learns); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
@@ -232,6 +233,10 @@ class DeltaTracker:
         """Refresh the held slots if a take left them stale (cheap otherwise): what a caller
         does that serves this replica and will not learn or apply soon (``settle`` does it too)."""
         self._model.ready()
+
+    def refresh_every(self, ratings: int) -> None:
+        """Refresh the held slots fully every ``ratings`` learned or applied (``pace.full_refresh_ratings``)."""
+        self._model.refresh_every(ratings)
 
     def settle(self) -> None:
         """Re-rank the popular list if counts moved since the last re-rank (``take`` and

@@ -243,7 +243,7 @@ def test_a_bitmap_that_does_not_match_its_values_is_refused():
 
 
 def test_an_apply_moves_at_once_the_rows_of_the_held_slots_whose_residuals_it_moved(stream, monkeypatch):
-    """A fleet replica (deferred) refreshes every held slot only every FULL_REFRESH_RATINGS ratings
+    """A fleet replica (deferred) refreshes every held slot only every refresh_ratings ratings
     learned or applied; the rows of the slots an apply moved the residuals of move with them at once
     (a row is S + the id's estimate + local learning, and S moved), so the other members'
     learning on held ids is learned from at once: what a full refresh still changes is only what
@@ -280,6 +280,32 @@ def test_an_apply_moves_at_once_the_rows_of_the_held_slots_whose_residuals_it_mo
     monkeypatch.setattr(ModelReplica, "_follow", lambda self, held, rows: None)   # rows left behind
     lag, move = lag_and_move()
     assert lag == move
+
+
+@pytest.mark.parametrize("period", [3_000, None])
+def test_a_deferred_replica_refreshes_its_held_slots_once_its_period_has_passed(stream, monkeypatch, period):
+    """A fleet replica leaves the held slots' rows stale after an apply until its model learned or
+    applied ``refresh_every`` ratings since the last full refresh; then the next apply refreshes
+    them all (the rows are what a full refresh makes of them). With the default period (longer
+    than the stream here) they stay stale: the period, not the apply, decides. A refresh that never
+    fired would leave the rows stale past the period."""
+    from sketchrec.stream.fleet import tracker as replica
+    monkeypatch.setattr(replica, "RERANK_S", 1e9)   # no re-rank: not what is measured here
+    users, items, ratings = stream
+    a, b = recommender(), recommender()
+    ta, tb = DeltaTracker(a), DeltaTracker(b)
+    if period:
+        tb.refresh_every(period)
+    slots, rows = tb._model.slots, b.model.heavy.cells
+    for start in (0, 2000):   # 2,000 applied (within the period), then 4,000 (past it)
+        a.learn_many(users[start:start + 2000], items[start:start + 2000], ratings[start:start + 2000])
+        tb.apply(ta.take())
+        served, view = rows.copy(), slots.view.copy()
+        slots.refresh()   # what a full refresh makes of the rows (the same as ready's)
+        fresh = bool(np.array_equal(served, rows))
+        rows[:], slots.view[:] = served, view
+        assert fresh == (not tb._model.stale)
+        assert fresh == (period is not None and start == 2000), (start, period)
 
 
 def test_ids_heavy_in_a_batch_learn_it_in_their_slots_and_the_replicas_agree(monkeypatch):
