@@ -112,7 +112,7 @@ def full_refresh_ratings(every: int, members: int) -> int:
     a bound proportionate to the drift the fleet already accepts. At the default intervals
     (``sync_interval``) the same for every M up to 5 (``deltas.FULL_REFRESH_RATINGS``), so a
     larger fleet does not refresh more often per rating; a shorter ``--sync-ratings`` shortens it
-    (at M = 2, every ``FULL_REFRESH_SYNCS`` syncs whatever the interval).
+    (at M = 2, every ``FULL_REFRESH_SYNCS`` takes and applies whatever the interval).
 
     >>> full_refresh_ratings(2000, 2), full_refresh_ratings(666, 4), full_refresh_ratings(200, 2)
     (16000, 15984, 1600)
