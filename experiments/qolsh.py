@@ -47,8 +47,12 @@ def _all_codes() -> np.ndarray:
     return (((c[:, None] >> np.arange(BITS - 1, -1, -1)) & 1) * 2 - 1).astype(np.float32)
 
 
-def _optimal_codes(sketch: CosineSketch, X: np.ndarray, chunk: int = 2048) -> np.ndarray:
-    """argmax over all 2^L codes of x . W b / ||W b|| (the best any L-bit code can do)."""
+def _optimal_codes(sketch: CosineSketch, X: np.ndarray, chunk: int = 64) -> np.ndarray:
+    """argmax over all 2^L codes of x . W b / ||W b|| (the best any L-bit code can do).
+
+    Small row blocks: a block's similarities to all 2^L codes are written and then scanned by
+    argmax, so a few rows keep that (rows x 2^L) block far smaller than thousands of rows do; each
+    row's codes do not depend on the block size."""
     recon = _all_codes() @ sketch.W.T.astype(np.float32)
     recon /= np.linalg.norm(recon, axis=1, keepdims=True)
     best = np.empty(len(X), dtype=np.int64)
