@@ -15,18 +15,6 @@ def test_experiment_list_names_every_registered_experiment(capsys):
     assert sketchrec_main(["experiment", "no-such-thing"]) == 2
 
 
-@pytest.mark.usefixtures("ml100k")
-def test_b1_table_quick(tmp_path):
-    assert sketchrec_main(["experiment", "b1-table", "--quick", "--out", str(tmp_path)]) == 0
-    assert {p.name for p in tmp_path.iterdir()} == {"b1_table.json", "b1_table.md", "b1_table.png"}
-    result = json.loads((tmp_path / "b1_table.json").read_text())
-    for model in ("regular", "count_sketch_k4", "feature_hashing_k1"):
-        rmse = result["rmse"][model]
-        assert math.isfinite(rmse["mean"]) and 0.8 < rmse["mean"] < 1.2 and rmse["std"] >= 0
-        assert len(rmse["folds"]) == result["folds"] == 1
-    assert "Table 4.2" in (tmp_path / "b1_table.md").read_text()
-
-
 @pytest.fixture(scope="module")
 def ml100k_head(ml100k, tmp_path_factory):
     """The first 25,000 ratings of u.data (its lines are in no user or time order): for the
@@ -49,6 +37,15 @@ def _quick(tmp_path, name: str, data=None) -> dict:
 
 def _in_range(values, lo=0.5, hi=2.0) -> bool:
     return all(math.isfinite(v) and lo < v < hi for v in values)
+
+
+def test_b1_table_quick(tmp_path, ml100k_head):
+    result = _quick(tmp_path, "b1-table", ml100k_head)
+    for model in ("regular", "count_sketch_k4", "feature_hashing_k1"):
+        rmse = result["rmse"][model]
+        assert math.isfinite(rmse["mean"]) and 0.8 < rmse["mean"] < 1.2 and rmse["std"] >= 0
+        assert len(rmse["folds"]) == result["folds"] == 1
+    assert "Table 4.2" in (tmp_path / "b1_table.md").read_text()
 
 
 def test_b1_heatmap_quick(tmp_path, ml100k_head):
