@@ -85,10 +85,14 @@ def test_a_service_fed_half_a_million_new_items_stays_within_its_configured_memo
     extra = stats["serving_bytes"] - ref_stats["serving_bytes"]   # what /stats says the items cost
     assert extra < MAX_ITEMS * 2_000
     slack = 64 * 2**20   # the allocator's arenas and free lists
-    assert mem["VmRSS"] - ref_mem["VmRSS"] < extra + slack, (mem, ref_mem, extra)
     # a build's transient arrays (factors read out, the index's points and codes): a few KB an
-    # item of the catalogue, so bounded by --max-items too
-    assert mem["VmHWM"] - ref_mem["VmHWM"] < extra + MAX_ITEMS * 4096 + slack, (mem, ref_mem, extra)
+    # item of the catalogue, so bounded by --max-items too. What a build freed may stay resident
+    # in the allocator's free lists (some runs peak higher and keep it: the heap is not trimmed),
+    # so the resident set is held to the same bound: what grows with every new id would pass it
+    # by gigabytes.
+    transient = MAX_ITEMS * 4096
+    assert mem["VmRSS"] - ref_mem["VmRSS"] < extra + transient + slack, (mem, ref_mem, extra)
+    assert mem["VmHWM"] - ref_mem["VmHWM"] < extra + transient + slack, (mem, ref_mem, extra)
 
 
 def test_max_items_bounds_a_resumed_catalogue(tmp_path):
