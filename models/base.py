@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
 import math
 from typing import Hashable, Iterable, NamedTuple
 
@@ -15,8 +16,9 @@ from sketchrec.models._adaptive import OPTIMIZERS
 from sketchrec.models.api import ModelAPI
 from sketchrec.models._sgd import (ACC0, BIAS_REG, CLIP_LOSS, COUNT, IMPLICIT_LR, IMPLICIT_REG,
                                    INIT_STD, LEARNED, LR, OPTIMIZER, REG, RMAX, RMIN, SGLD_TAU, SKIPPED_CLIP,
-                                   SKIPPED_DIVERGED, TOTAL, seed_numba)
+                                   SKIPPED_DIVERGED, TOTAL)
 from sketchrec.models.ranker import Ranker
+from sketchrec._numba_rng import WORDS, set_state
 from sketchrec.models.storage import ITEM, USER
 from sketchrec.sketches import serial
 from sketchrec.sketches.hashing import salt_table
@@ -37,11 +39,21 @@ MERGES = {
 
 
 def fresh_sgld_noise() -> None:
-    """Reseed the generator SGLD's noise comes from, from the OS CSPRNG (``privacy.entropy``), in
-    the calling thread: the kernels draw it from numba's generator, one state per thread, which a
-    seed would make regenerable (numba takes a 32-bit seed: fresh bits at every batch)."""
+    """Give the generator SGLD's noise comes from a whole fresh state, in the calling thread: the
+    kernels draw it from numba's generator, one state per thread, which a seed would make
+    regenerable. Its 624 words come from a generator keyed by a fresh 128-bit secret from the OS
+    CSPRNG (``privacy.entropy``), at every batch (``sketchrec._numba_rng``; on a numba it was not
+    checked on, a fresh 32-bit seed, logged once)."""
     from sketchrec.privacy.entropy import fresh_generator
-    seed_numba(int(fresh_generator().integers(1 << 32)))
+    global _SEEDED_ONLY
+    if not set_state(fresh_generator().integers(0, 1 << 32, WORDS, dtype=np.uint32)) and not _SEEDED_ONLY:
+        _SEEDED_ONLY = True
+        logging.getLogger(__name__).warning(
+            "SGLD noise: this numba's generator state cannot be set whole; each batch's noise "
+            "comes from a fresh 32-bit seed")
+
+
+_SEEDED_ONLY = False
 
 
 class StateArray(NamedTuple):

@@ -149,9 +149,10 @@ class SGLD:
     sketch each of a component's k cells gets the k-fold variance, so the estimate's noise is the
     same). The model samples from a tempered posterior rather than settling on one point.
 
-    The noise is drawn by the compiled kernels from numba's generator, reseeded before every
-    batch from the OS CSPRNG (``privacy.entropy``) in the thread that learns: fresh, secret, never
-    the model's ``seed``, so two runs with one seed differ. SGLD alone proves no privacy bound (the
+    The noise is drawn by the compiled kernels from numba's generator, given a whole fresh state
+    before every batch (624 words from a generator keyed by 128 fresh secret bits of the OS
+    CSPRNG, ``privacy.entropy``) in the thread that learns: never the model's ``seed`` nor a
+    searchable 32-bit seed, so two runs with one seed differ. SGLD alone proves no privacy bound (the
     "sgld" mode of ``privacy.mode``); ``--sgld-dp`` is the accounted mode.
 
     Parameters
