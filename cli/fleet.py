@@ -158,11 +158,13 @@ def serve_replica(args, serving) -> int:
     """`sketchrec serve --bootstrap … --topic T`: the newest snapshot plus the model topic, read-only."""
     from kafka.errors import KafkaError
 
+    from sketchrec.cli.serving import accountant_first
     from sketchrec.stream.fleet.member import FleetReplica, open_replica
     from sketchrec.stream.fleet.model_topic import model_topic
     topic = model_topic(args.topic, args.model_topic)
     try:
         service = serving.bound(open_replica(args.bootstrap, topic, wait=args.wait))
+        accountant_first(service)   # before the model topic's thread starts (start_server's own call finds it loaded)
         replica = FleetReplica(service, args.bootstrap, topic).start()
     except (KafkaError, TimeoutError) as exc:
         print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)

@@ -86,8 +86,9 @@ class BoundedLaplace:
         if hi == lo:
             return lo
         # scipy.optimize is imported here only (a costly import at every process start): local DP
-        # perturbs the whole range (privacy.ldp), which needs no root, so no service imports it,
-        # in any thread
+        # perturbs the whole range (privacy.ldp), which needs no root, so no local-DP service
+        # reaches this (a central-DP service has it already: its accountant, dp-accounting,
+        # imports SciPy on the main thread at start, cli.serving.accountant_first)
         from scipy.optimize import brentq
         b = brentq(excess, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
         for _ in range(64):  # make sure the returned scale is on the private side of the root
