@@ -29,6 +29,9 @@ MAX_DECIMAL = 18   # digits of a decimal id kept as its int's text (an int64 wit
 _EMPTY = -1        # a free slot of the table
 
 
+MAX_IDS = 2**31 - 2   # distinct ids of one vocabulary: int32 codes (and the table's "empty")
+
+
 class Vocabulary:
     """The distinct text ids of a file, each once, numbered 0, 1, 2, ... as first seen.
 
@@ -77,8 +80,12 @@ class Vocabulary:
         return out
 
     def _reserve(self, names: int, nbytes: int) -> None:
-        """Room for ``names`` more names of ``nbytes`` bytes in all (the kernel never grows)."""
+        """Room for ``names`` more names of ``nbytes`` bytes in all (the kernel never grows).
+        Codes are int32: more distinct ids than that are refused, never wrapped."""
         need = self.count + names
+        if need > MAX_IDS:
+            raise ValueError(f"more than {MAX_IDS:,} distinct text ids in one file: codes are int32 "
+                             "(split the file, or replay it with --order file)")
         if need + 1 > len(self.offsets):
             self.offsets = _grown(self.offsets, need + 1)
             self.hashes = _grown(self.hashes, need)

@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,3 +126,11 @@ def test_produce_sends_the_same_messages_from_codes(tmp_path):
     for data in (coded, plain):
         data.sort_by_time()
     assert list(producer._messages(coded, coded.ratings, 7)) == list(producer._messages(plain, plain.ratings, 7))
+
+
+def test_more_distinct_ids_than_int32_codes_hold_are_refused_not_wrapped():
+    from sketchrec.text_ids import MAX_IDS, Vocabulary
+    vocab = Vocabulary()
+    vocab.count = MAX_IDS - 1   # as if that many were held (the arrays are not grown first)
+    with pytest.raises(ValueError, match="distinct text ids in one file"):
+        vocab._reserve(2, 16)
