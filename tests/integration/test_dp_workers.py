@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 
@@ -14,7 +13,7 @@ from sketchrec.cli.replay import replay_main
 from sketchrec.privacy.admin_token import ENV as ADMIN_ENV
 from sketchrec.stream.serving.joint import open_checkpoint
 from sketchrec.stream.serving.workers.block import PREFIX
-from conftest import http, stop_processes
+from conftest import stop_processes, wait_healthy
 
 TOKEN = "dp-workers-admin"
 PAIRS = [(u, i) for u in range(1, 11) for i in range(1, 11)]
@@ -60,16 +59,8 @@ def test_a_dp_checkpoint_is_served_by_two_readers_as_by_one_process(tmp_path):
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {TOKEN}"}
-        deadline = time.monotonic() + 600   # readers on a cold kernel cache compile first
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-            try:
-                if http.get(f"{url}/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "serve --workers 2 did not come up"
-            time.sleep(0.2)
+        # readers on a cold kernel cache compile first
+        wait_healthy(url, proc, timeout=600, log=tmp_path / "serve.log")
         with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
             for _ in range(3):   # each pair several times: both readers answer some
                 for (u, i), rating in expected.items():

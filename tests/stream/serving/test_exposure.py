@@ -9,7 +9,6 @@ import time
 from collections import Counter
 
 import httpx
-import numpy as np
 import pytest
 
 from sketchrec.data import SyntheticStream
@@ -20,7 +19,7 @@ from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving import server as servers
 from sketchrec.stream.serving.http import access_for, create_app
 from sketchrec.stream.serving.server import PortInUse, ServerThread
-from conftest import http
+from conftest import http, wait_healthy
 
 ADMIN = "exposure-admin"
 SECURITY = {"content-security-policy", "x-frame-options", "referrer-policy"}
@@ -133,7 +132,7 @@ def test_on_a_non_loopback_address_per_user_routes_need_a_credential(tmp_path):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             base = f"http://127.0.0.1:{port}"
-            _wait_ready(base, proc)
+            wait_healthy(base, proc)
             r = http.get(f"{base}/recommend", params=attack, timeout=30)
             assert (r.status_code == 401) is refused, r.text
             assert http.get(f"{base}/predict", params={"user": "5", "item": "1"}, timeout=30).status_code \
@@ -178,15 +177,3 @@ def _token_file(tmp_path) -> str:
     return str(path)
 
 
-def _wait_ready(base: str, proc, timeout: float = 300.0) -> None:
-    """Until /healthz is 200 (a cold numba cache compiles for minutes on a busy machine)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            if http.get(f"{base}/healthz", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{base} not ready within {timeout} s")

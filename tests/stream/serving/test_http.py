@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.serving.server import ServerThread
 from sketchrec.stream.service import LearningService
 from sketchrec.data import SyntheticStream
-from conftest import http
+from conftest import free_port, http, wait_healthy
 
 TOKEN = "s3cret-token"
 
@@ -211,26 +210,8 @@ def test_openapi_fuzz_no_server_errors(served):
     assert calls[5] == 0 and calls[2] > 0 and calls[4] > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(url: str, timeout: float = 180.0) -> httpx.Response:
-    # a bound on waiting, not a speed claim: a served replay's interpreter start on a machine
-    # loaded by a parallel suite once took over 60 s
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            return http.get(url, timeout=2)
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer within {timeout} s")
-
-
 def test_replay_serve_keeps_serving_after_the_replay_until_interrupted(tmp_path):
-    port = _free_port()
+    port = free_port()
     with open(tmp_path.with_suffix(".log"), "w") as log:   # a pipe nobody reads could fill
         proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", "--synthetic-ratings", "30000",
                                  "--synthetic-users", "500", "--synthetic-items", "200", "--quiet",
@@ -241,7 +222,7 @@ def test_replay_serve_keeps_serving_after_the_replay_until_interrupted(tmp_path)
                                 stdout=subprocess.DEVNULL, stderr=log)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_for(f"{base}/healthz")
+        wait_healthy(base, proc, log=tmp_path.with_suffix(".log"))
         deadline = time.monotonic() + 60
         while http.get(f"{base}/stats").json()["ratings_learned"] < 30_000:
             assert time.monotonic() < deadline, "replay did not finish"
@@ -260,7 +241,7 @@ def test_replay_serve_keeps_serving_after_the_replay_until_interrupted(tmp_path)
 def test_serve_a_checkpoint_read_only_and_reload_newer(tmp_path):
     service, _ = learned_service(n=5000, checkpoint_dir=tmp_path)
     service.checkpoint()
-    port = _free_port()
+    port = free_port()
     with open(tmp_path.with_suffix(".log"), "w") as log:   # a pipe nobody reads could fill
         proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(tmp_path),
                                  "--listen", f"127.0.0.1:{port}", "--reload-every", "0.2",
@@ -269,7 +250,7 @@ def test_serve_a_checkpoint_read_only_and_reload_newer(tmp_path):
                                 stdout=subprocess.DEVNULL, stderr=log)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_for(f"{base}/healthz")
+        wait_healthy(base, proc, log=tmp_path.with_suffix(".log"))
         served = http.get(f"{base}/predict", params={"user": "3", "item": "4"}).json()["rating"]
         assert served == pytest.approx(service.recommender.predict("3", "4"))
         stats = http.get(f"{base}/stats").json()

@@ -3,10 +3,8 @@ access control always on, read-only; and `replay --dp-unit user --serve` end to 
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import numpy as np
@@ -19,7 +17,7 @@ from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.joint import JointRecommender, JointService
 from sketchrec.stream.serving.server import ServerThread
-from conftest import http
+from conftest import free_port, http, wait_healthy
 
 ADMIN = "backend-token"
 TOKENS = UserTokens(b"joint-serving-test-key")
@@ -102,9 +100,7 @@ def test_learning_endpoints_answer_409_and_access_control_cannot_be_turned_off(s
 
 
 def test_replay_serves_the_joint_model_until_interrupted():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     key = "ab" * 16
     env = {**os.environ, KEY_ENV: key, "SKETCHREC_ADMIN_TOKEN": ADMIN}
     proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", "--synthetic-ratings", "6000",
@@ -113,15 +109,9 @@ def test_replay_serves_the_joint_model_until_interrupted():
                              "--serve", f"127.0.0.1:{port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
-        while True:
-            try:
-                r = http.get(f"{base}/recommend", params={"user": "3", "k": 5}, timeout=2)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-                time.sleep(0.1)
-        assert r.status_code == 401
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base, proc)   # /recommend answers 503 while the model loads
+        assert http.get(f"{base}/recommend", params={"user": "3", "k": 5}).status_code == 401
         token = UserTokens(bytes.fromhex(key)).mint(3)
         r = http.get(f"{base}/recommend", params={"user": "3", "k": 5, "token": token})
         assert r.status_code == 200 and len(r.json()["items"]) == 5
