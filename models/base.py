@@ -7,7 +7,7 @@ import abc
 import dataclasses
 import logging
 import math
-from typing import Hashable, Iterable, NamedTuple
+from typing import Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -56,12 +56,38 @@ def fresh_sgld_noise() -> None:
 _SEEDED_ONLY = False
 
 
+class CountWeighted(NamedTuple):
+    """How a rating moves an id's entries of a state array: by its error / (min(n, horizon) + 1 +
+    damping), n the id's count read from the state array ``counts`` on the same addresses (a
+    damped running mean, e.g. the bias baseline's). Replicas that learn concurrently and add
+    their changes need it (``stream.fleet.compose``): M members that step one item k times
+    each move it by M (1 - (1 - a)^k) of its error, one learner by 1 - (1 - a)^(M k).
+
+    Parameters
+    ----------
+    counts : the name of the state array holding the counts.
+    damping : (users', items') damping, by family (``USER``, ``ITEM``): pseudo-ratings of
+        residual 0.
+    horizon : the largest count a move is averaged over.
+    cells : (keys, family) -> the flat indices of the entries those ids address (one per hash
+        row, with repeats).
+    """
+
+    counts: str
+    damping: tuple[float, float]
+    horizon: float
+    cells: Callable[[np.ndarray, int], np.ndarray]
+
+
 class StateArray(NamedTuple):
     """One array of a model's learnable state (``FactorizationModel.state_arrays``): the live
-    array (learning writes it in place) and how replicas merge it (a ``MERGES`` key)."""
+    array (learning writes it in place), how replicas merge it (a ``MERGES`` key) and, for an
+    array of damped running means, how a rating's move is weighted by counts (``CountWeighted``;
+    None: steps of their own)."""
 
     array: np.ndarray
     merge: str
+    weighted: CountWeighted | None = None
 
 
 class FactorizationModel(ModelAPI, Ranker):

@@ -27,8 +27,8 @@ from numba import njit
 from sketchrec.models._adaptive import cm_read
 from sketchrec.models._sgd import (DIVERGED, LEARNED, SKIPPED_DIVERGED, clip_to_range, mean_of,
                                    read_bias, record_rating)
-from sketchrec.models.base import ITEM, USER, FactorizationModel
-from sketchrec.sketches.count_sketch import CountSketch, scatter_add
+from sketchrec.models.base import ITEM, USER, CountWeighted, FactorizationModel, StateArray
+from sketchrec.sketches.count_sketch import CountSketch, cell_indices, scatter_add
 
 DEFAULT_WIDTH = 1 << 15
 
@@ -120,6 +120,18 @@ class BiasBaseline(FactorizationModel):
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
         return {"biases": self.biases.cells, "counts": self.counts}
+
+    def state_arrays(self) -> dict[str, StateArray]:
+        """The base walk, with the biases declared damped running means over ``counts``
+        (``CountWeighted``: what a fleet's replicas compose)."""
+        arrays = super().state_arrays()
+        weighted = CountWeighted("counts", (self.user_damping, self.item_damping), self.horizon,
+                                 self._cells_of)
+        arrays["biases"] = arrays["biases"]._replace(weighted=weighted)
+        return arrays
+
+    def _cells_of(self, keys: np.ndarray, family: int) -> np.ndarray:
+        return cell_indices(self._salts[family], keys, self.width)
 
     def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.biases.load_state_arrays({"cells": arrays["biases"]})
