@@ -49,7 +49,7 @@ import uuid
 import numpy as np
 
 from sketchrec.data import Ratings, read_ratings
-from sketchrec.benchmarks import data_file
+from sketchrec.benchmarks import data_file, fleet_results
 from sketchrec.benchmarks.kafka import _tansu, add_stream_args, bare_consume
 from sketchrec.benchmarks.fleet_cpu import (_sample_cpu, cpu_between, cpu_seconds, plain_learner,  # noqa: F401
                                             sync_breakdown, warm_kernels)
@@ -293,13 +293,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--accuracy", action="store_true",
                     help="only the fleet's prequential RMSE over one learner's (default learner and DP at "
                          "epsilon 1, --members sizes, several streams and seeds), in one process, no broker")
+    fleet_results.add_argument(ap)
     args = ap.parse_args(argv)
+    fleet_results.check(args)
     global say
     say = functools.partial(print, file=sys.stderr) if args.json else print
     if args.accuracy:
         from sketchrec.benchmarks.fleet_accuracy import accuracy
         report = {"accuracy": accuracy(data_file(args.path), members=[m for m in args.members if m > 1],
                                        every=args.sync_ratings, say=say)}
+        fleet_results.write(args, report, argv)
         print(json.dumps(report))
         return report
     broker = None
@@ -310,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         if broker is not None:
             broker.terminate()
+    fleet_results.write(args, report, argv)
     print(json.dumps(report))
     return report
 
