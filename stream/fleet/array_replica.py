@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from sketchrec.models.base import ADD, MERGES, RANGE, StateArray
+from sketchrec.stream.fleet.compose import Composer
 from sketchrec.stream.fleet.delta_codec import add_entries, entries_of, publish
 
 _COUNT, _TOTAL, _MIN, _MAX = range(4)   # a RANGE array: count, sum, min, max of the ratings
@@ -52,12 +53,20 @@ class ArrayReplica:
         self.arrays = {name: state.array for name, state in arrays.items()}
         self.rules = {name: state.merge for name, state in arrays.items()}
         self.base = {name: array.copy() for name, array in self.arrays.items()}
+        self.composer = Composer(arrays)   # count-weighted arrays: composed at a take (compose)
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
-        """Nothing to track: a take compares every entry (the arrays are small beside a factor
-        model's cells)."""
+        """A learned batch's keys, for the composer of count-weighted arrays (a take compares
+        every entry anyway: the arrays are small beside a factor model's cells)."""
+        if self.composer:
+            self.composer.touched(ukeys, ikeys)
 
-    ahead = touched
+    def ahead(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
+        """Nothing to count before a batch (no heavy slots)."""
+
+    def fleet_size(self, members: int) -> None:
+        """Members learning concurrently, whose count-weighted moves a take composes (compose)."""
+        self.composer.fleet_size(members)
 
     def refresh_every(self, ratings: int) -> None:
         """Nothing held apart to refresh (no heavy slots)."""
@@ -66,7 +75,10 @@ class ArrayReplica:
         """Nothing held apart to refresh (no heavy slots)."""
 
     def take(self) -> dict[str, np.ndarray]:
-        """The changes since the base ({} if none); the base moves to now."""
+        """The changes since the base ({} if none); the base moves to now. Count-weighted
+        arrays' changes are composed first (``compose``: the arrays keep what is published)."""
+        if self.composer:
+            self.composer.scale(self.arrays, self.base)
         out: dict[str, np.ndarray] = {}
         for name, now in self.arrays.items():
             base = self.base[name]

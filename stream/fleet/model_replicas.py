@@ -78,6 +78,9 @@ class MixReplica:
     def refresh_every(self, ratings: int) -> None:
         self._each("refresh_every", ratings)
 
+    def fleet_size(self, members: int) -> None:
+        self._each("fleet_size", members)
+
     def ready(self, full: bool = False) -> None:
         self._each("ready", full)
 
