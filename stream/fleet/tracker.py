@@ -238,6 +238,12 @@ class DeltaTracker:
         """Refresh the held slots fully every ``ratings`` learned or applied (``pace.full_refresh_ratings``)."""
         self._model.refresh_every(ratings)
 
+    def fleet_size(self, members: int) -> None:
+        """Members learning concurrently: a take composes the count-weighted moves of this
+        many (``compose``; a model without such arrays ignores it)."""
+        if hasattr(self._model, "fleet_size"):
+            self._model.fleet_size(members)
+
     def settle(self) -> None:
         """Re-rank the popular list if counts moved since the last re-rank (``take`` and
         ``apply`` do it at most every ``RERANK_S``), and refresh the held slots' rows if a take
