@@ -290,9 +290,9 @@ def add_max_items_arg(ap: argparse.ArgumentParser) -> None:
         "recommendations, never from the model (default: what the model is sized for)")
 
 
-# readers of a learning service yield a little to the learner: on 2 cores, at niceness 2 learning
-# kept 75-100% of its alone rate at 2,300-3,800 req/s, p99 18-25 ms in 10 of 10 runs; at 0, 63-65%;
-# at 3 the tail passed 25 ms in 3 of 7 runs (README)
+# readers of a learning service yield a little to the learner: at niceness 2 learning kept most of
+# its rate alone with the readers' tail within bound, where 0 slowed learning and 3 let the tail
+# pass its bound (docs/results.md, Serving: the readers' niceness)
 LEARNING_NICE = 2
 
 

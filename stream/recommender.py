@@ -12,7 +12,7 @@
 - a snapshot of the catalogue's item factors, so /recommend is one matrix-vector product. It is
   rebuilt when the model has learned since it was read, at most every ``refresh_s`` seconds and
   at most once per ten times its own build cost: recommendations reflect the model as of at most
-  ``max(refresh_s, 10 x build time)`` ago (1 s by default; ~1 ms to build for ML-100k's catalogue).
+  ``max(refresh_s, 10 x build time)`` ago (``refresh_s`` 1 s by default).
 - the served ranking (``stream.serving.ranking``, unless ``served_ranking=False`` or the model is
   central-DP: its release covers the scores, the counts are operator state): a known user's
   items ranked by the model's score blended with all-time and recent popularity, weighted online

@@ -103,9 +103,9 @@ class ModelReplica:
 
     def _full(self) -> bool:
         """Whether the cells the rows touched since the last take address (with repeats) are as
-        many as there are cells: a full pass then costs no more than finding them (ML-100k,
-        2,000-rating takes: ~70% of the cells move). Never with float16, whose rounding (in
-        numpy) costs more per entry than the finding."""
+        many as there are cells: a full pass then costs no more than finding them (a take of a
+        few thousand ratings of a small catalogue moves most cells). Never with float16, whose
+        rounding (in numpy) costs more per entry than the finding."""
         salts = self.model.store.salts
         return (self.dtype is None and self._rows * 2 * salts.shape[1] * salts.shape[2]
                 >= self.model.vectors.cells.size)

@@ -57,7 +57,8 @@ ids learned outside a heavy slot and the slots of the ids learned in one (seen t
 membership is about to change; a batch's ids are counted for announcements before it is learned,
 ``recommender.before_batch``, and the due ones admitted then), in one compiled
 pass, or every cell in one branch-free pass once the rows learned since the last take address
-as many cells as the model has (float32; ML-100k at 2,000-rating takes moves ~70% of them);
+as many cells as the model has (float32; a take of a few thousand ratings of a small catalogue
+moves most of them);
 ``apply`` the delta's size. The held slots' rows (``models.fleet_slots``: depth x light_dim
 hashed reads each, one compiled pass) move with the residuals an apply adds to them, at once,
 and are all refreshed every ``refresh_every`` ratings learned or applied (a member's: from its
@@ -65,12 +66,8 @@ sync interval, ``pace.full_refresh_ratings``), at
 ``settle`` (so before a digest or snapshot) and at ``ready(full=True)``; in between a held id's
 row lags only what collisions moved in its cells (a fleet member calls ``ready`` when it polls
 and before it learns); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue
-(O(items)). Measured on ML-100k (3 members, 1,000 ratings per take, default heavy fraction,
-sketch sized for its 2,625 ids): 288 bytes per rating (float32; 182 with
-``precision="float16"``; 50 at 10,000-rating takes; 277, 170 and 47 when the float changes
-were compressed too). With a model sized for 100,000 ids (27 MB) and 500-rating takes (2
-members, in-process), a take costs ~3.5 ms and an apply ~4.5 ms against ~2 ms to learn the 500
-ratings (before: ~7 and ~5 ms against ~2.6; docs/scaling.md).
+(O(items)). What a take and an apply cost per rating against learning, and the delta bytes per
+rating: ``sketchrec bench fleet --breakdown`` (docs/scaling.md; figures in docs/results.md).
 
 Format (version 3): ``b"SKRD"``, a version byte, a codec byte (0 raw, 1 zstd, 2 zlib), the
 length of its packed head (u32, little-endian), the head (compressed when that is smaller), then
@@ -78,7 +75,7 @@ the rest of the body as it is. The body is a ``sketches.serial`` blob, a ``sketc
 header: member, sequence, model parameters, new catalogue ids, caller's ``meta``; then raw
 little-endian arrays, the float arrays and 64-bit keys last), whose CRC-32 covers all of it: the
 envelope keeps no checksum of its own. The head is all of the body but those arrays, which zstd
-shrank by ~10% (floats) or not at all (hashed keys) for as much CPU as the rest of a take. Written
+shrank little (floats) or not at all (hashed keys) for as much CPU as the rest of a take. Written
 from the frame's chunks, so the arrays are copied once (into the blob); a raw body is read in
 place. Version 2 (the same with a CRC-32 of the body before the head length, computed a second
 time on each side) and version 1 (a model topic written before: no head length, the whole body
@@ -345,7 +342,7 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
 
 def _encode(header: dict, arrays: dict[str, np.ndarray], compress: str) -> bytes:
     """The delta's blob: its float arrays and 64-bit keys last and left as they are (float32
-    changes barely compress: zstd took ~10% off them for as much CPU as a take's own work; hashed
+    changes barely compress: zstd took little off them for as much CPU as a take's own work; hashed
     keys do not), the rest compressed where that is smaller (index gaps and bitmaps, counts)."""
     raw = [name for name, arr in arrays.items() if _incompressible(arr)]
     ordered = {name: arr for name, arr in arrays.items() if not _incompressible(arr)}

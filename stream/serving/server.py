@@ -174,7 +174,7 @@ def freeze_startup() -> None:
 
 def settle_for_serving() -> None:
     """Call once a serving process has started up: start-up's objects are frozen
-    (``freeze_startup``: a full collection over them stalled every answer for ~90 ms at the
+    (``freeze_startup``: a full collection over them stalled every answer in flight, at the
     tail) and a thread holding the GIL gives it up after ``SWITCH_INTERVAL_S``."""
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
     freeze_startup()
