@@ -92,15 +92,19 @@ def one_learner(data: Ratings, kind: str, seed: int = 0) -> float:
 
 
 def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int = 0,
-          paced: bool = True) -> float:
+          paced: bool = True, composed: bool = True) -> float:
     """The prequential RMSE of a fleet of ``m`` members of ``kind`` over ``data``, each learning
     and publishing every ``every`` of its own ratings (default: the members' default interval,
-    shortened as a member's by its hot items, ``stream.fleet.pace``, unless not ``paced``)."""
+    shortened as a member's by its hot items, ``stream.fleet.pace``, unless not ``paced``), its
+    count-weighted moves composed as a member's are (``stream.fleet.compose``) unless not
+    ``composed`` (the plain sum)."""
     from sketchrec.stream.fleet.pace import HotItems
     from sketchrec.stream.fleet.tracker import DeltaTracker
     default = every or default_every(m, kind)
     recs = [_recommender(data, kind, seed) for _ in range(m)]
     trackers = [DeltaTracker(rec, member=f"m{k}") for k, rec in enumerate(recs)]
+    for tracker in trackers:
+        tracker.fleet_size(m if composed else 1)
     hot = [HotItems(rec, tracker, private=kind == "dp") for rec, tracker in zip(recs, trackers)]
     for k, rec in enumerate(recs):
         # each member's own noise, as fresh entropy gives it (the same seed would draw the same

@@ -240,6 +240,7 @@ class FleetLearner(KafkaLearner):
             every = self.hot.bound(base, members)
         # the held slots' full refresh follows the interval, not a hot item's shortening of it
         self.tracker.refresh_every(full_refresh_ratings(base, members))
+        self.tracker.fleet_size(members)   # the count-weighted moves a take composes (compose)
         self.chunk_ratings = self.book.every = every
 
     def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:
