@@ -98,6 +98,13 @@ def cpu_markdown(report: dict, command: str, load: str | None = None) -> str:
             lines.append(f"| {_form_name(form)} | {m} | {plain:.2f} | {f['cpu_us_per_rating']:.2f} | "
                          f"{f['cpu_per_rating_ratio']:.2f}× | {f['delta_bytes_per_rating']:.0f} | "
                          f"{f['ratings_per_delta']:,.0f} | {rate:,.0f} | {rate * plain * 1e-6:.2f}× |")
+    for form in forms:   # wall-clock rates: the machine's load's, beside the CPU figures that carry over
+        r = report[form]
+        fleets = ", ".join(f"{m} members {f['ratings_per_s']:,.0f}/s" for m, f in r["members"].items())
+        lines += ["", f"Rates here, {_form_name(form)} (wall clock, at this load): a bare consumer "
+                  f"{r['bare_consume_ratings_per_s']:,.0f}/s (with the compiled record reader "
+                  f"{r['bare_compiled_reader_ratings_per_s']:,.0f}/s), the plain learner "
+                  f"{r['plain_learner_ratings_per_s']:,.0f}/s, {fleets} while all learned."]
     if "cpu_per_rating_ratio" in report:
         lines += ["", "The report's last line holds `\"cpu_per_rating_ratio\": "
                   f"{json.dumps({k: round(v, 2) for k, v in report['cpu_per_rating_ratio'].items()})}` and "
