@@ -93,7 +93,7 @@ def _start(service, serving: ServingSettings, access, reload_every: float | None
         return pool
     app = create_app(service, serving.admin_token, access)
     server = ServerThread(app, *serving.listen)   # binds now: a busy port is PortInUse
-    # until the prediction kernels are compiled, /predict answers 503 at once (not after ~10 s)
+    # until the prediction kernels are compiled, /predict answers 503 at once (not after the compile)
     service.health.ready = False
     threading.Thread(target=service.warm_up, daemon=True, name="warm-up").start()
     server.start()

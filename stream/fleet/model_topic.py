@@ -224,7 +224,7 @@ class ModelFeed:
         self.state, self.apply = state, apply
         self.on_origin = on_origin   # called after settling a delta that names its ratings' origin
         self.tp = TopicPartition(topic, 0)
-        # no CRC check in Python (~10 MB/s: the cost of reading big deltas; the broker checked
+        # no CRC check in Python (slow enough to be the cost of reading big deltas; the broker checked
         # it on produce), and a short fetch wait: a poll between two input polls must not block
         self.consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
                                       isolation_level="read_committed", max_poll_records=500,

@@ -2,7 +2,7 @@
 
 A request that certainly passes FastAPI's validation and access control is answered here, by one
 call into the recommender and one ``orjson`` encoding, without the framework's routing, dependency
-solving, thread-pool hop and response-model validation (~20x the model's own time per answer).
+solving, thread-pool hop and response-model validation (many times the model's own time per answer).
 Everything else (a missing, blank, long or repeated parameter, a k that is not a plain number in
 range, a credential that does not grant access, a model still warming up, any other route) goes
 on to the app, which gives the same answers and errors as before: the fast path only ever answers
