@@ -85,8 +85,10 @@ def cpu_markdown(report: dict, command: str, load: str | None = None) -> str:
     """The CPU block: per message form and fleet size, both sides' CPU-µs per learned rating, their
     ratio, the delta bytes, and the rate that projects for M members on M cores."""
     forms = [k for k, v in report.items() if isinstance(v, dict) and "members" in v]
+    interval = (f"every {report['sync_ratings']:,} ratings" if report.get("sync_ratings")
+                else "at their default interval")
     lines = [f"Command: `{command}` ({report['ratings']:,} ratings through a local broker, 4 partitions; "
-             f"members are separate `consume --fleet` processes; {load or _load()}).", "",
+             f"members are separate `consume --fleet` processes syncing {interval}; {load or _load()}).", "",
              "| message form | M | plain learner CPU-µs/rating | fleet CPU-µs/rating (all members) | ratio "
              "| delta bytes/rating | ratings per delta | projected on M cores (ratings/s) | × one plain learner |",
              "|---|---|---|---|---|---|---|---|---|"]
