@@ -20,7 +20,7 @@ PROG = "sketchrec consume"
 
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description="Learn from a Kafka topic of "
-                                 "ratings, with exactly-once-in-state checkpoints (see README).")
+                                 "ratings, with exactly-once-in-state checkpoints (docs/kafka.md).")
     ap.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
     ap.add_argument("--topic", required=True)
     ap.add_argument("--group", help="consumer group (without: all partitions, offsets in checkpoints only)")
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "*.corrupt) and start over from the beginning of every partition; without it "
                     "consume refuses to start (an empty model at the group's offsets would learn "
                     "nothing of the past)")
-    fleet = ap.add_argument_group("fleet (README 'Scaling out'): many processes of one group share one model")
+    fleet = ap.add_argument_group("fleet (docs/fleet.md): many processes of one group share one model")
     fleet.add_argument("--fleet", action="store_true",
                        help="join a fleet: with --group and without --checkpoint; learn from the "
                        f"partitions the group gives this process, share the model over --model-topic; "
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the member holding partition 0 writes a snapshot every S seconds")
     ap.add_argument("--ldp-debias", action="store_true",
                     help="map predictions back through the mean of the local-DP mechanism the "
-                    "producer's message headers name (see README 'Local DP')")
+                    "producer's message headers name (docs/privacy/local.md)")
     return ap
 
 

@@ -204,7 +204,7 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
 
 
 def add_dp_args(ap: argparse.ArgumentParser) -> None:
-    dp = ap.add_argument_group("DP-SGD (a proven (epsilon, delta) bound; see README 'Privacy')")
+    dp = ap.add_argument_group("DP-SGD (a proven (epsilon, delta) bound; docs/privacy/dp-sgd.md)")
     noise = dp.add_mutually_exclusive_group()
     noise.add_argument("--dp-epsilon", type=epsilon_float, metavar="E",
                        help="train with DP-SGD, noise calibrated so the planned run costs E "
@@ -230,7 +230,7 @@ def add_dp_args(ap: argparse.ArgumentParser) -> None:
     dp.add_argument("--dp-model", choices=("auto", "sgd", "joint"), default="auto",
                     help="the private learner of `replay --holdout --dp-epsilon`: 'sgd' (DP-SGD on the "
                     "sketch), 'joint' (joint-DP biases and item factors released, each user's own part "
-                    "solved privately: see README 'User-level DP'); 'auto': joint for --dp-unit user, "
+                    "solved privately: docs/privacy/joint.md); 'auto': joint for --dp-unit user, "
                     "sgd otherwise; streams (prequential, consume) always use DP-SGD")
     dp.add_argument("--dp-rank", type=nonnegative_int, default=0, metavar="R",
                     help="rank of the joint mode's private item factors (0: biases only, the "
@@ -297,18 +297,19 @@ LEARNING_NICE = 2
 
 
 def add_workers_arg(ap: argparse.ArgumentParser, nice: int = 0) -> None:
-    """--workers: HTTP serving processes (README "Serving from several processes"); ``nice``:
+    """--workers: HTTP serving processes (docs/serving.md, "Serving from several processes"); ``nice``:
     their default niceness."""
     ap.add_argument("--workers", type=positive_int, metavar="N",
                     help="serving processes answering from the live model in shared memory "
                     "(default: one per core; 1: serve from the learning process itself)")
     ap.add_argument("--worker-nice", type=nonnegative_int, default=nice, metavar="N",
                     help=f"niceness of the serving processes (default {nice}): higher keeps "
-                    "learning nearer its alone rate under load, at the cost of request latency (README)")
+                    "learning nearer its alone rate under load, at the cost of request latency "
+                    "(docs/serving.md)")
 
 
 def add_access_args(ap: argparse.ArgumentParser) -> None:
-    """Who may read a user's answers (README "Threat model"); shared by every serving command."""
+    """Who may read a user's answers (docs/privacy/threat-model.md); shared by every serving command."""
     ap.add_argument("--access-control", choices=ACCESS, default="auto",
                     help="per-user tokens for /predict and /recommend (HMAC under "
                     "$SKETCHREC_USER_TOKEN_KEY; the admin token acts as the backend): 'auto' turns "

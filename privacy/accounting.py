@@ -267,7 +267,7 @@ def describe(ledger: PrivacyLedger, mode: str = "dp-sgd", void: str | None = Non
                  f"{ledger.accountant.upper()} accounting over every noisy iterate so far (serving "
                  "each intermediate model is covered); the noise and the Poisson sample come from "
                  "fresh secret entropy; the hash seed, rating range, capacity and stream length "
-                 "are public; covers the released surfaces only (README: 'What the guarantee covers, and who may ask what')")
+                 "are public; covers the released surfaces only (docs/privacy/surfaces.md)")
     if void:
         guarantee = f"none: {void} (the accountant alone would say {eps:.4g})"
     return {"mode": mode, "epsilon": float("inf") if void else eps, "delta": ledger.delta,

@@ -12,7 +12,7 @@ Within a step the key drives numpy's PCG64DXSM (fast enough for millions of cell
 PCG64 is not itself a cryptographic generator: an adversary who recovered one step's generator
 state from that step's untouched cells could predict the rest of that step's draws. Each step has
 a fresh key, so the cost of such an attack is paid per step; it is a residual stated in
-README ("What the guarantee covers"), as is the usual floating-point caveat of sampled Gaussians.
+docs/privacy/surfaces.md, as is the usual floating-point caveat of sampled Gaussians.
 
 ``debug_seed``: a reproducible generator for debugging only. The mechanism is then deterministic
 given a value the operator knows, and the guarantee is void: ``privacy.report`` reports

@@ -5,7 +5,7 @@ bit "factors or baseline". Each is post-processing of Gaussian releases (Laplace
 releases at rating level) of per-item sufficient statistics, clipped per contribution; nothing
 else of the data leaves the trainer. Each user's own offset and vector are solved from the
 released item side and that user's OWN ratings and answer only that user: joint DP (Kearns et
-al. 2014; Chien et al. 2021), which holds only if the endpoint answers ``/recommend?user=U`` to U alone (``privacy.access``; README "User-level DP").
+al. 2014; Chien et al. 2021), which holds only if the endpoint answers ``/recommend?user=U`` to U alone (``privacy.access``; docs/privacy/joint.md).
 
 Budget. Every release's noise multiplier (std / L2 sensitivity; Laplace: scale / L1 sensitivity)
 is recorded in a ``PrivacyLedger``. A Gaussian of multiplier z has Renyi DP alpha / (2 z^2) at every
@@ -348,7 +348,7 @@ def joint_figures(ledger: PrivacyLedger, mode: str, serving: str, fallback: bool
                  "item biases, item factors, the fallback bit) is DP by "
                  f"{ledger.accountant.upper()} accounting over every release; each user's offset "
                  "and vector are solved from the release and that user's own ratings and answer "
-                 "that user only (the endpoint must enforce it: README 'User-level DP'); noise from "
+                 "that user only (the endpoint must enforce it: docs/privacy/joint.md); noise from "
                  "fresh secret entropy; the rating range and item catalogue are public")
     if void:
         guarantee = f"none: {void} (the accountant alone would say {eps:.4g})"

@@ -253,7 +253,7 @@ def mode_of(model, ldp: object | None = None) -> PrivacyMode:
 
 
 def surface_table() -> str:
-    """The surface table of every mode as Markdown (README: one source of truth, this table).
+    """The surface table of every mode as Markdown (docs/privacy/surfaces.md: one source of truth, this table).
 
     >>> surface_table().splitlines()[0].startswith("| surface | none |")
     True

@@ -3,8 +3,8 @@
 The release (what a central-DP guarantee covers): the model's cells, biases and offset, the
 answers of /predict and the scores of /recommend, and what /privacy shows. Everything else —
 checkpoints, per-user cap counts, exact counters, the monitor's raw moments, Bloom filters,
-popularity, the catalogue, a joint model's size — is operator state (README "What the guarantee
-covers" has the full table).
+popularity, the catalogue, a joint model's size — is operator state (docs/privacy/surfaces.md has the
+full table).
 
 - ``release(mode, values)``: the public view of a dict a route, ``--json`` or the dashboard is
   about to show. Each field belongs to a surface of the mode table (``FIELDS`` ->

@@ -1,7 +1,7 @@
 """What /privacy and `replay --json` report: the training mode's guarantee, the monitor's figures
 (outside the DP modes) and the last canary audit.
 
-In the central-DP modes the guarantee covers only what is released (README: "What the guarantee covers, and who may ask what").
+In the central-DP modes the guarantee covers only what is released (docs/privacy/surfaces.md).
 The monitor's moments are exact functions of the ratings (reading /privacy around each rating
 gave back 300/300 ratings exactly, defect D3), so there they are operator state: ``operator_figures``
 gives them to the admin route, labelled not covered, and /privacy names where they went.

@@ -15,7 +15,7 @@ per event, and the weights are proportional to ``exp(eta * gains)``.
 The served ranking is the weighted average of the rankers' coefficients: itself one blend, so
 serving stays one vectorised scoring of the catalogue plus a popularity term read once per refresh.
 On ML-100k and ml-latest-small (2,000 sampled events each) it is above all-time popularity at
-recall@10 with the defaults here (``replay DATA --topn``; README "Curve, top-N and drift").
+recall@10 with the defaults here (``replay DATA --topn``; docs/cli.md, "Curve, top-N and drift").
 
 >>> mix = RankerMix(decays=())                    # the model and all-time popularity only
 >>> model, counts = np.array([3.0, 2.0, 1.0, 0.0]), np.array([0, 1, 5, 100])

@@ -8,7 +8,7 @@ about user U answer only a caller holding U's token (``privacy.access.UserTokens
 ``Authorization: Bearer <token>`` or ``?token=``) or the admin (backend) token: 401 without a
 credential, 403 with a wrong one; and the answer's ``source`` is "ranked" for every user, so it
 does not tell whether U is in the training data. In the central-DP modes /privacy and /stats show
-no exact data statistic; the admin route serves them, labelled not covered (README: "What the guarantee covers, and who may ask what").
+no exact data statistic; the admin route serves them, labelled not covered (docs/privacy/surfaces.md).
 Ids are opaque text: they are hashed, never parsed or evaluated ('5' and 5 are the same id); an
 id must hold a non-blank character. /healthz answers 503 with its reasons while the model warms
 up, while the broker has been unreachable too long, or when the last poll is too old
