@@ -25,6 +25,7 @@ from sketchrec.privacy.release import operator_part, release
 from sketchrec.privacy.leakage import kld_from_errors
 from sketchrec.data import Ratings
 from sketchrec.replay.curve import WindowedErrors
+from sketchrec.replay.interrupts import batch_whole
 
 Progress = Callable[[int, float, float], None]  # (ratings so far, running RMSE, ratings/s)
 OPERATOR_BLOCK = "the 'operator' block of this result (exact counts; not covered)"
@@ -57,14 +58,15 @@ def prequential(model, batches: Iterable[Ratings], progress: Progress | None = N
     try:
         for batch in batches:
             t0_stream = _pace(batch, t0_stream, t0, speed)
-            if topn is None:
-                predictions = model.learn_many(batch.users, batch.items, batch.ratings)
-            else:
-                predictions = topn.learn(model, batch)
-            real = real_rows(batch.users)  # audit canaries are not part of the reported accuracy
-            errors.add(predictions[real], batch.ratings[real])
-            if windows is not None:
-                windows.add(predictions[real], batch.ratings[real])
+            with batch_whole():   # a Ctrl-C waits until the batch is learned and counted
+                if topn is None:
+                    predictions = model.learn_many(batch.users, batch.items, batch.ratings)
+                else:
+                    predictions = topn.learn(model, batch)
+                real = real_rows(batch.users)  # audit canaries are not part of the reported accuracy
+                errors.add(predictions[real], batch.ratings[real])
+                if windows is not None:
+                    windows.add(predictions[real], batch.ratings[real])
             if progress:
                 progress(errors.n, errors.rmse, errors.n / max(time.perf_counter() - t0, 1e-9))
     except KeyboardInterrupt:  # Ctrl-C: the figures of what was learned so far
