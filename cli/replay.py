@@ -94,10 +94,18 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
+    started: list = []   # the server, once started: stopped on every way out of the command
+    try:
+        return _replay(args, prog, started)
+    finally:
+        for server in started:   # never left running into the interpreter's exit: a server
+            server.stop()        # thread still ticking there (uvloop's timer) crashed it (SIGSEGV)
+
+
+def _replay(args, prog: str, started: list) -> int:
     try:  # the checks below end the command by SystemExit with a one-line message
         config = ReplayConfig.from_args(args, prog)
         config = replace(config, columns=args.columns, sep=args.sep)   # the file's layout
-        server = None
         if config.dp.joint(config.holdout is not None):
             result, server = _joint(config)
         else:
@@ -105,12 +113,20 @@ def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
             if run.service is not None:   # POST /ratings: this run's way to take them
                 run.service.feedback = replay_feedback(run)
             server = start_server(run.service, config.serving) if config.serving.listen else None
+            started += [server] if server is not None else []
             result = execute(run)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted before any rating was learned", file=sys.stderr)
         return 130
     if server is not None:
+        started[:] = [server]
         result["serving"] = server.url
+    return _report(config, result, server, prog)
+
+
+def _report(config: ReplayConfig, result: dict, server, prog: str) -> int:
+    """Print the result (and its plot); with a server and a complete result, serve on until
+    interrupted. The exit code: 0, 130 for an interrupted replay, 1 for a diverged model."""
     if config.evaluation.plot and "curve" in result:
         from sketchrec.replay.curve import plot_curves
         label = f"{result['model']} ({os.path.basename(result['source'])})"

@@ -122,6 +122,49 @@ def wait_healthy(base: str, proc=None, timeout: float = 300.0, log: Path | None 
     raise AssertionError(f"{base} was not healthy within {timeout} s")
 
 
+def _listed(things) -> list:
+    return [] if things is None else list(things) if isinstance(things, (list, tuple, set)) else [things]
+
+
+def wait_for(check, what: str, procs=None, logs=None, timeout: float = 300.0, every: float = 0.2):
+    """Call ``check`` every ``every`` seconds until it returns something true, and return that.
+    A check that meets a server not listening yet (httpx.TransportError) or not answering JSON yet
+    (ValueError) has not succeeded. Fails at once, with the tails of ``logs`` (a path or a list),
+    if one of ``procs`` (a process or a list) ends first, and after ``timeout`` seconds: a bound
+    for a cold kernel cache on a loaded machine (a first kernel use can take minutes), not a
+    speed claim."""
+    procs, logs = _listed(procs), _listed(logs)
+
+    def tails() -> str:
+        return "".join(f"\n--- {log}:\n{Path(log).read_text(errors='replace')[-3000:]}" for log in logs)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except (httpx.TransportError, ValueError):
+            value = None
+        if value:
+            return value
+        ended = [proc.returncode for proc in procs if proc.poll() is not None]
+        if ended:
+            raise AssertionError(f"waiting for {what}: a process ended ({ended}){tails()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waiting for {what}: not within {timeout} s{tails()}")
+        time.sleep(every)
+
+
+def served_url(log: Path, proc, timeout: float = 300.0) -> str:
+    """The URL a serving command started with ``--serve``/``--listen HOST:0`` announced in its log
+    ("serving http://HOST:PORT ..."): the port is the one it bound, so no other process can take
+    it between a test's pick and the server's bind (``free_port``'s race)."""
+    import re
+
+    def announced():
+        found = re.search(r"serving (http://[\w.\-]+:\d+)", log.read_text(errors="replace"))
+        return found and found.group(1)
+    return wait_for(announced, f"{log.name} to say where it serves", proc, log, timeout)
+
+
 def stop_processes(procs) -> None:
     """SIGTERM every process still running, then wait for each (30 s) and kill what has not ended."""
     procs = list(procs)
