@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 
 import httpx
@@ -21,7 +20,7 @@ from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.serving.server import ServerThread
 from sketchrec.stream.service import LearningService
 from sketchrec.data import SyntheticStream
-from conftest import free_port, http, wait_healthy
+from conftest import http, served_url, stop_processes, wait_for, wait_healthy
 
 TOKEN = "s3cret-token"
 
@@ -170,10 +169,10 @@ def test_queries_while_learning_never_fail_or_return_nan():
 
     learner = threading.Thread(target=learn)
     learner.start()
-    failures, answered = [], 0
+    failures, answered, rng = [], 0, np.random.default_rng(0)
     with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as client:
         while not done.is_set() or answered < 50:
-            u = str(np.random.randint(1, 5000))
+            u = str(rng.integers(1, 5000))
             p = client.get("/predict", params={"user": u, "item": "3"})
             r = client.get("/recommend", params={"user": u, "k": 10})
             answered += 1
@@ -211,46 +210,42 @@ def test_openapi_fuzz_no_server_errors(served):
 
 
 def test_replay_serve_keeps_serving_after_the_replay_until_interrupted(tmp_path):
-    port = free_port()
-    with open(tmp_path.with_suffix(".log"), "w") as log:   # a pipe nobody reads could fill
+    log = tmp_path.with_suffix(".log")
+    with open(log, "w") as err:   # a pipe nobody reads could fill
         proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", "--synthetic-ratings", "30000",
                                  "--synthetic-users", "500", "--synthetic-items", "200", "--quiet",
-                                 "--serve", f"127.0.0.1:{port}", "--checkpoint", str(tmp_path),
+                                 "--serve", "127.0.0.1:0", "--checkpoint", str(tmp_path),
                                  # served from the learning process: the lifecycle claimed here is the
                                  # replay's; reader processes' own is tests/integration/test_workers.py's
                                  "--workers", "1"],
-                                stdout=subprocess.DEVNULL, stderr=log)
+                                stdout=subprocess.DEVNULL, stderr=err)
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, proc, log=tmp_path.with_suffix(".log"))
-        deadline = time.monotonic() + 60
-        while http.get(f"{base}/stats").json()["ratings_learned"] < 30_000:
-            assert time.monotonic() < deadline, "replay did not finish"
-            time.sleep(0.1)
-        time.sleep(0.5)
-        assert proc.poll() is None, "the server stopped when the replay ended"
+        base = served_url(log, proc)   # the port the replay bound itself
+        wait_healthy(base, proc, log=log)
+        # the replay ended (its summary printed, its checkpoint written) and it serves on
+        wait_for(lambda: "still serving" in log.read_text(), "the end of the replay", proc, log)
+        assert http.get(f"{base}/stats").json()["ratings_learned"] == 30_000
         assert http.get(f"{base}/predict", params={"user": "1", "item": "2"}).status_code == 200
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_processes([proc])
     assert CheckpointStore(tmp_path).latest().meta["ratings_learned"] == 30_000
 
 
 def test_serve_a_checkpoint_read_only_and_reload_newer(tmp_path):
     service, _ = learned_service(n=5000, checkpoint_dir=tmp_path)
     service.checkpoint()
-    port = free_port()
-    with open(tmp_path.with_suffix(".log"), "w") as log:   # a pipe nobody reads could fill
+    log = tmp_path.with_suffix(".log")
+    with open(log, "w") as err:   # a pipe nobody reads could fill
         proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(tmp_path),
-                                 "--listen", f"127.0.0.1:{port}", "--reload-every", "0.2",
+                                 "--listen", "127.0.0.1:0", "--reload-every", "0.2",
                                  # one process: readers moving to a newer checkpoint are test_workers'
                                  "--workers", "1"],
-                                stdout=subprocess.DEVNULL, stderr=log)
+                                stdout=subprocess.DEVNULL, stderr=err)
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, proc, log=tmp_path.with_suffix(".log"))
+        base = served_url(log, proc)   # the port the server bound itself
+        wait_healthy(base, proc, log=log)
         served = http.get(f"{base}/predict", params={"user": "3", "item": "4"}).json()["rating"]
         assert served == pytest.approx(service.recommender.predict("3", "4"))
         stats = http.get(f"{base}/stats").json()
@@ -258,17 +253,14 @@ def test_serve_a_checkpoint_read_only_and_reload_newer(tmp_path):
         more = SyntheticStream(n_ratings=3000, n_users=300, n_items=200, seed=7).all()
         service.recommender.learn_many(more.users, more.items, more.ratings)
         service.checkpoint()
-        deadline = time.monotonic() + 20
-        while http.get(f"{base}/stats").json()["ratings_learned"] != 8000:
-            assert time.monotonic() < deadline, "newer checkpoint was not picked up"
-            time.sleep(0.1)
+        wait_for(lambda: http.get(f"{base}/stats").json()["ratings_learned"] == 8000,
+                 "the newer checkpoint served", proc, log, timeout=120, every=0.1)
         served = http.get(f"{base}/predict", params={"user": "3", "item": "4"}).json()["rating"]
         assert served == pytest.approx(service.recommender.predict("3", "4"))
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_processes([proc])
 
 
 def test_serve_without_a_checkpoint_is_a_clear_error(tmp_path):
