@@ -8,9 +8,12 @@ at once from the same stale copy, the M moves add up. An item rated k times by e
 two syncs moves by about 1 - (1 - 1/32)^k of its error at each of them: once the members' fractions
 sum past 2 it overshoots by more than its error and the overshoot grows every round (in one process,
 four members of the default learner on a Zipf-skewed stream diverged this way at a fixed
-interval). Two members cannot (each fraction is below 1), so the bound below only applies from
-three members on: a member syncs before its hottest item can take more than ``HOT_STEPS`` / M steps
-since its last take, measured on the interval before (the interval adapts to the stream's skew).
+interval). A member composes its bias baseline's moves (``compose``: it scales them so that the M
+members' sum to one learner's), which no longer overshoot; the factor member's SGD and AdaGrad
+steps are not composed and still do at long intervals. Two members cannot (each fraction is below
+1), so the bound below only applies from three members on: a member syncs before its hottest item
+can take more than ``HOT_STEPS`` / M steps since its last take, measured on the interval before
+(the interval adapts to the stream's skew).
 Users need no bound when the topic is keyed by user (one member learns all of a user's ratings).
 A DP model is left alone: a shorter interval would cut its noisy steps' batches, adding noise.
 
@@ -22,8 +25,8 @@ A DP model is left alone: a shorter interval would cut its noisy steps' batches,
 666
 >>> tracker.seq = 1                                           # a take
 >>> hot.observe(None, np.arange(10), None)
->>> hot.bound(666, members=4), hot.bound(666, members=2)      # 8 steps of item 7 per member
-(200, 666)
+>>> hot.bound(666, members=4), hot.bound(666, members=2)      # 16 steps of item 7 per member
+(400, 666)
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ DRIFT_RATINGS = 2_000
 # held slots' full refresh: every FULL_REFRESH_SYNCS x the drift a member's interval allows
 # (full_refresh_ratings)
 FULL_REFRESH_SYNCS = 8
-HOT_STEPS = 32   # about the bias baseline's horizon + 1 + damping: its running mean's length
+# twice the bias baseline's running-mean length (horizon + 1 + damping): with its moves composed,
+# what the bound still keeps in check is the factor member's steps (docs/fleet.md)
+HOT_STEPS = 64
 FLOOR = 100      # ratings: the shortest interval the bound sets
 
 

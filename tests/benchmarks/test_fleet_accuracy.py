@@ -79,14 +79,14 @@ def test_a_dp_fleet_is_close_to_one_dp_learner_at_the_same_epsilon():
 
 
 def test_four_members_paced_by_their_hot_items_do_not_diverge():
-    """Four members of the bias baseline on a Zipf-skewed stream, their moves summed plainly
-    (not composed): at a fixed interval the members' summed steps overshoot on the popular items
-    and grow every round (the broken variant); with the interval bounded by the hottest item's
-    steps (stream.fleet.pace) the fleet stays close to one learner."""
+    """Four members of the bias baseline on a Zipf-skewed stream: at a fixed interval, their moves
+    summed plainly (the broken variant), the members' summed steps overshoot on the popular items
+    and grow every round; as members run (composed, the interval bounded by the hottest item's
+    steps: stream.fleet.pace) the fleet stays close to one learner."""
     data = SyntheticStream(30_000, n_users=2000, n_items=750, seed=0).all()
     one = fleet_accuracy.one_learner(data, "bias", 0)
     assert fleet_accuracy.fleet(data, "bias", 4, 666, seed=0, paced=False, composed=False) / one > 1.5
-    assert fleet_accuracy.fleet(data, "bias", 4, seed=0, composed=False) / one < 1.04
+    assert fleet_accuracy.fleet(data, "bias", 4, seed=0) / one < 1.02
 
 
 @pytest.mark.parametrize("every", [666, 2000])

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from sketchrec.models import SketchMF
-from sketchrec.stream.fleet.pace import FLOOR, HotItems, sync_interval
+from sketchrec.stream.fleet.pace import FLOOR, HOT_STEPS, HotItems, sync_interval
 from sketchrec.stream.recommender import Recommender
 
 
@@ -28,7 +28,7 @@ def test_an_interval_of_integer_and_text_polls_counts_one_item_per_key():
     # 12 and "12" are one item to the model: 60 of 1,000 ratings, not 30 (and no TypeError
     # from ordering ints beside strs)
     assert hot.rate == 60 / 1_000
-    assert hot.bound(2_000, members=4) == max(FLOOR, int(32 / 4 / 0.06))
+    assert hot.bound(2_000, members=4) == max(FLOOR, int(HOT_STEPS / 4 / 0.06))
 
 
 def test_a_dp_members_interval_is_left_alone():
