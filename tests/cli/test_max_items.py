@@ -12,7 +12,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import free_port, stop_processes
+from conftest import served_url, stop_processes, wait_for
 
 RATINGS = 500_000
 MAX_ITEMS = 30_000   # compacted to 22,500: above the retrieval index's threshold, so it is built
@@ -30,7 +30,7 @@ def write_ratings(path, distinct: bool) -> None:
 
 
 def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as response:
+    with urllib.request.urlopen(url, timeout=300) as response:   # a first ranking may compile
         return json.loads(response.read())
 
 
@@ -38,6 +38,28 @@ def memory_kb(pid: int) -> dict[str, int]:
     with open(f"/proc/{pid}/status") as fh:
         return {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in fh)
                 if k in ("VmRSS", "VmHWM")}
+
+
+def settled_memory_kb(pid: int, steady: int = 8, every: float = 0.25, timeout: float = 120.0) -> dict[str, int]:
+    """``memory_kb`` once the resident set has held still (within 1 MiB) for ``steady``
+    consecutive reads ``every`` seconds apart: the first /recommend after the stream may start a
+    snapshot rebuild in a thread of its own (the HTTP path never waits for one), whose arrays are
+    resident until it ends; once it has, no request of this test starts another."""
+    reads = [memory_kb(pid)]
+    deadline = time.monotonic() + timeout
+    while len(reads) < steady or max(r["VmRSS"] for r in reads[-steady:]) \
+            - min(r["VmRSS"] for r in reads[-steady:]) > 2**20:
+        assert time.monotonic() < deadline, f"the resident set never settled: {reads[-steady:]}"
+        time.sleep(every)
+        reads.append(memory_kb(pid))
+    return min(reads[-steady:], key=lambda r: r["VmRSS"])
+
+
+# The services' allocator returns what they free: glibc serves large blocks by mmap below a
+# threshold it otherwise raises each time such a block is freed, after which a freed snapshot or
+# index build stays on the heap, resident (the gap to the reference then varied from ~40 to ~160
+# MB run to run). Fixed, the resident set is what is held, and its bound can be tight.
+ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "MALLOC_ARENA_MAX": "2"}
 
 
 @pytest.mark.slow   # two real services over 500,000 ratings each, side by side: the issue's own check
@@ -48,32 +70,26 @@ def test_a_service_fed_half_a_million_new_items_stays_within_its_configured_memo
     the first holds no more than the second by what its /stats says the larger catalogue costs,
     with room for the allocator: without the bound the catalogue, snapshot and index grow with
     every new id, and an index build over them peaked at ~10 KB an item."""
+    import os
     runs = {}
     try:
         for name in ("distinct", "repeated"):
-            path, port = tmp_path / f"{name}.data", free_port()
+            path, log = tmp_path / f"{name}.data", tmp_path / f"{name}.log"
             write_ratings(path, name == "distinct")
-            with open(tmp_path / f"{name}.log", "w") as log:
+            with open(log, "w") as out:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "sketchrec", "replay", str(path), "--model", "sketch",
                      "--capacity", "20000", "--max-items", str(MAX_ITEMS), "--workers", "1",
-                     "--serve", f"127.0.0.1:{port}", "--quiet"], stdout=log, stderr=subprocess.STDOUT)
-            runs[name] = (proc, f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 240   # a cold kernel cache compiles first
-        for name, (proc, url) in runs.items():
-            while True:
-                assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-2000:]
-                assert time.monotonic() < deadline, name
-                try:
-                    if get(f"{url}/stats")["state"] == "finished":
-                        break
-                except OSError:
-                    pass
-                time.sleep(0.3)
+                     "--serve", "127.0.0.1:0", "--quiet"], stdout=out, stderr=subprocess.STDOUT,
+                    env={**os.environ, **ALLOCATOR})
+            runs[name] = (proc, log)
+        urls = {name: served_url(log, proc, timeout=600) for name, (proc, log) in runs.items()}
+        for name, (proc, log) in runs.items():   # the stream learned: the service serves on
+            wait_for(lambda: "still serving" in log.read_text(), f"the end of {name}", proc, log, 600)
         seen = {}
-        for name, (proc, url) in runs.items():
-            answer = get(f"{url}/recommend?user=7&k=5")   # builds the snapshot (and index)
-            seen[name] = (answer["source"], get(f"{url}/stats"), memory_kb(proc.pid))
+        for name, (proc, _) in runs.items():
+            answer = get(f"{urls[name]}/recommend?user=7&k=5")   # builds the snapshot (and index)
+            seen[name] = (answer["source"], get(f"{urls[name]}/stats"), settled_memory_kb(proc.pid))
     finally:
         stop_processes(proc for proc, _ in runs.values())
     source, stats, mem = seen["distinct"]
@@ -84,15 +100,14 @@ def test_a_service_fed_half_a_million_new_items_stays_within_its_configured_memo
     _, ref_stats, ref_mem = seen["repeated"]
     extra = stats["serving_bytes"] - ref_stats["serving_bytes"]   # what /stats says the items cost
     assert extra < MAX_ITEMS * 2_000
-    slack = 64 * 2**20   # the allocator's arenas and free lists
-    # a build's transient arrays (factors read out, the index's points and codes): a few KB an
-    # item of the catalogue, so bounded by --max-items too. What a build freed may stay resident
-    # in the allocator's free lists (some runs peak higher and keep it: the heap is not trimmed),
-    # so the resident set is held to the same bound: what grows with every new id would pass it
-    # by gigabytes.
+    # held now: what /stats reports, and a little for the allocator's own (a few MB measured).
+    # Growth that /stats does not report is caught past the slack (~65 bytes an id here).
+    slack = 32 * 2**20
+    assert mem["VmRSS"] - ref_mem["VmRSS"] < extra + slack, (mem, ref_mem, extra)
+    # at the peak, besides: a build's transient arrays (factors read out, the index's points and
+    # codes: a few KB an item of the catalogue, so bounded by --max-items too)
     transient = MAX_ITEMS * 4096
-    assert mem["VmRSS"] - ref_mem["VmRSS"] < extra + transient + slack, (mem, ref_mem, extra)
-    assert mem["VmHWM"] - ref_mem["VmHWM"] < extra + transient + slack, (mem, ref_mem, extra)
+    assert mem["VmHWM"] - ref_mem["VmHWM"] < extra + transient + 2 * slack, (mem, ref_mem, extra)
 
 
 def test_max_items_bounds_a_resumed_catalogue(tmp_path):

@@ -19,7 +19,7 @@ from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving import server as servers
 from sketchrec.stream.serving.http import access_for, create_app
 from sketchrec.stream.serving.server import PortInUse, ServerThread
-from conftest import http, wait_healthy
+from conftest import http, served_url, stop_processes, wait_healthy
 
 ADMIN = "exposure-admin"
 SECURITY = {"content-security-policy", "x-frame-options", "referrer-policy"}
@@ -123,17 +123,19 @@ def test_on_a_non_loopback_address_per_user_routes_need_a_credential(tmp_path):
     (a stranger asking about a user) is refused by default and succeeds with --open."""
     service, _ = _service(checkpoint_dir=tmp_path)
     service.checkpoint()
-    port = _free_port()
     attack = {"user": "5", "k": "10"}
     for extra, refused in (([], True), (["--open"], False)):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(tmp_path), "--workers", "1",
-             "--listen", f"0.0.0.0:{port}", "--admin-token-file", _token_file(tmp_path), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_healthy(base, proc)
-            r = http.get(f"{base}/recommend", params=attack, timeout=30)
+        log = tmp_path / f"serve{len(extra)}.log"
+        with log.open("w") as out:   # a file: a pipe read only at the end could fill and block it
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(tmp_path), "--workers", "1",
+                 "--listen", "0.0.0.0:0", "--admin-token-file", _token_file(tmp_path), *extra],
+                stdout=out, stderr=subprocess.STDOUT)
+        try:   # on the port the server bound itself, reached through the loopback
+            base = served_url(log, proc).replace("0.0.0.0", "127.0.0.1")
+            wait_healthy(base, proc, log=log)
+            # the first ranking may compile its kernels (minutes on a cold cache under load)
+            r = http.get(f"{base}/recommend", params=attack, timeout=300)
             assert (r.status_code == 401) is refused, r.text
             assert http.get(f"{base}/predict", params={"user": "5", "item": "1"}, timeout=30).status_code \
                 == (401 if refused else 200)
@@ -142,8 +144,8 @@ def test_on_a_non_loopback_address_per_user_routes_need_a_credential(tmp_path):
             assert backend.status_code == 200 and backend.json()["items"]
             assert http.get(f"{base}/stats", timeout=30).status_code == 200   # public routes stay open
         finally:
-            proc.terminate()
-            _, err = proc.communicate(timeout=30)
+            stop_processes([proc])
+        err = log.read_text()
         assert ("--open:" in err) is (not refused), err
         assert "Traceback" not in err
 
@@ -163,12 +165,6 @@ def test_a_busy_port_is_one_line_and_exit_code_2(tmp_path):
             assert proc.returncode == 2, proc.stderr
             assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
             assert f"127.0.0.1:{port}" in proc.stderr and "already in use" in proc.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _token_file(tmp_path) -> str:
