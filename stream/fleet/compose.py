@@ -95,13 +95,14 @@ class Composer:
         ukeys, ikeys = (np.concatenate(k) for k in zip(*keys))
         for name, weighted in self.weighted.items():
             now, was = arrays[name].reshape(-1), base[name].reshape(-1)
-            steps = [np.bincount(weighted.cells(k, family), minlength=now.size)
-                     for family, k in ((USER, ukeys), (ITEM, ikeys))]
-            cells = np.flatnonzero(steps[1])
+            # per cell the items wrote (O(ratings), not O(cells): a take per interval)
+            cells, k_item = np.unique(weighted.cells(ikeys, ITEM), return_counts=True)
             if not len(cells):
                 continue
+            users = weighted.cells(ukeys, USER)
+            at = np.minimum(np.searchsorted(cells, users), len(cells) - 1)
+            k_user = np.bincount(at[cells[at] == users], minlength=len(cells))
             n = np.minimum(base[weighted.counts].reshape(-1)[cells], weighted.horizon)
-            k_user, k_item = steps[0][cells], steps[1][cells]
             s = share(k_item.astype(float), 1.0 / (n + 1.0 + weighted.damping[ITEM]), self.members)
             s = (k_item * s + k_user) / (k_item + k_user)   # a user's steps there: unscaled
             now[cells] = (was[cells] + s * (now[cells] - was[cells])).astype(now.dtype)
