@@ -15,7 +15,9 @@ changes at the receivers, and exactness does not depend on s.
 
 What s assumes: the other M - 1 members stepped the item about as often (k each) in the same
 interval, true of items when the topic is keyed by user (a member gets whole users, and with them
-a 1 / M share of every item's ratings). Users are left unscaled: keyed by user, one member learns
+a 1 / M share of every item's ratings). With shares that differ, M is 1 / this member's share (a
+member with a third of the partitions: 3): its scaled change is then its share of one learner's
+move over all the members' steps, whatever the others' shares. Users are left unscaled: keyed by user, one member learns
 all of a user's ratings, in sequence. An entry (a hashed cell) that users and items share is
 scaled by the item steps' share of its steps. k and n are per cell: k counts this member's item
 steps that wrote the cell since its last take (``touched``), n is the base's count there (the
@@ -43,7 +45,7 @@ import numpy as np
 from sketchrec.models.base import ITEM, USER, StateArray
 
 
-def share(k: np.ndarray, a: np.ndarray, members: int) -> np.ndarray:
+def share(k: np.ndarray, a: np.ndarray, members: float) -> np.ndarray:
     """s = f(M k) / (M f(k)), f(x) = 1 - (1 - a)^x: the factor that makes M concurrent moves of k
     steps each add up to one learner's M k steps (1 where k = 0).
 
@@ -72,15 +74,16 @@ class Composer:
     def __init__(self, arrays: dict[str, StateArray]):
         self.weighted = {name: state.weighted for name, state in arrays.items()
                          if state.weighted is not None}
-        self.members = 1
+        self.members = 1.0
         self._keys: list[tuple[np.ndarray, np.ndarray]] = []
 
     def __bool__(self) -> bool:
         return bool(self.weighted)
 
-    def fleet_size(self, members: int) -> None:
-        """The number of members learning concurrently (1: nothing is scaled)."""
-        self.members = max(1, int(members))
+    def fleet_size(self, members: float) -> None:
+        """The number of members learning concurrently, or 1 / this member's share of the ratings
+        (a member holding 2 of 6 partitions: 3); at most 1: nothing is scaled."""
+        self.members = max(1.0, float(members))
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
         """A learned batch's keys (every row: each stepped its user and item once)."""

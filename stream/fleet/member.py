@@ -240,7 +240,8 @@ class FleetLearner(KafkaLearner):
             every = self.hot.bound(base, members)
         # the held slots' full refresh follows the interval, not a hot item's shortening of it
         self.tracker.refresh_every(full_refresh_ratings(base, members))
-        self.tracker.fleet_size(members)   # the count-weighted moves a take composes (compose)
+        # composed moves: this member's share of the ratings is about its share of the partitions
+        self.tracker.fleet_size(len(partitions) / len(held) if held and not self.alone else 1)
         self.chunk_ratings = self.book.every = every
 
     def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:
