@@ -179,7 +179,7 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(base + "/#token=" + ADMIN)   # the operator: exact figures come from /admin/privacy
-    wait_until(page, "window.dashboard.polls >= 1", timeout=10)
+    wait_until(page, "window.dashboard.polls >= 1", timeout=60)
     assert "token" not in page.url      # taken out of the address bar
     # once the page watches, one batch per poll it makes: a slow machine still sees it learn
     learner.pace_by_polls()
@@ -203,7 +203,7 @@ def test_dashboard_shows_the_live_figures_of_a_learning_service(served, browser,
     learner.join(timeout=60)
     assert not learner.is_alive() and service.budget_stopped     # learning ended: figures now still
     polls = page.evaluate("window.dashboard.polls")
-    wait_until(page, f"window.dashboard.polls >= {polls + 2}", timeout=10)
+    wait_until(page, f"window.dashboard.polls >= {polls + 2}", timeout=60)
     with httpx.Client(base_url=base, timeout=10, headers={"Authorization": f"Bearer {ADMIN}"}) as client:
         admin = client.get("/admin/privacy").json()
         stats, privacy = admin["stats"], client.get("/privacy").json() | admin["monitor"]
@@ -254,7 +254,7 @@ def test_without_the_operator_token_a_dp_service_shows_only_its_release(served, 
     learner.join(timeout=60)
     page = browser.new_page()
     page.goto(base + "/")
-    wait_until(page, "window.dashboard.polls >= 2", timeout=10)
+    wait_until(page, "window.dashboard.polls >= 2", timeout=60)
     public = client_privacy(base)
     assert float(card(page, "eps")) == public["epsilon"] > 0     # the guarantee is public
     for name in ("learned", "rmse", "kld", "kldc", "mem", "skipped"):  # exact: operator state
@@ -280,7 +280,7 @@ def test_missing_privacy_figures_show_as_na(served, browser):
     page = browser.new_page()
     page.route(base + "/privacy", lambda route: route.fulfill(status=401, body='{"detail": "token"}'))
     page.goto(base + "/#token=" + ADMIN)
-    wait_until(page, "window.dashboard.polls >= 2", timeout=10)
+    wait_until(page, "window.dashboard.polls >= 2", timeout=60)
     assert card(page, "eps") == "" and page.inner_text("#v-eps") == "n/a / n/a"
     assert card(page, "kld") != ""                                    # the operator's monitor
     assert int(card(page, "mem")) == service.recommender.model.nbytes   # /stats still drawn
@@ -304,7 +304,7 @@ def test_replay_serve_shows_its_error_and_that_it_finished(browser, tmp_path):
         result = execute(run)
         page = browser.new_page()
         page.goto(server.url + "/")
-        wait_until(page, "window.dashboard.polls >= 3", timeout=15)
+        wait_until(page, "window.dashboard.polls >= 3", timeout=60)
         assert float(card(page, "rmse")) == result["rmse"] == run.service.errors.rmse   # every rating
         assert int(card(page, "learned")) == result["ratings"] == 20000
         assert page.inner_text("#status").startswith("finished")
@@ -330,7 +330,7 @@ def test_a_consumer_waiting_for_its_broker_then_learning(browser):
     try:
         page = browser.new_page()
         page.goto(f"http://127.0.0.1:{server.port}/")
-        wait_until(page, "window.dashboard.polls >= 1", timeout=10)
+        wait_until(page, "window.dashboard.polls >= 1", timeout=60)
         assert page.inner_text("#status").startswith("waiting for the broker")
         assert drawn(page)["c-rmse"]["reason"] == "no rating learned yet"
         service.health.polled(True)
@@ -339,13 +339,13 @@ def test_a_consumer_waiting_for_its_broker_then_learning(browser):
             predictions = service.recommender.learn_many(batch.users, batch.items, batch.ratings)
             service.errors.add(predictions, batch.ratings)
             polls = page.evaluate("window.dashboard.polls")
-            wait_until(page, f"window.dashboard.polls > {polls}", timeout=10)
+            wait_until(page, f"window.dashboard.polls > {polls}", timeout=60)
         assert page.inner_text("#status").startswith("learning")
         assert float(card(page, "rmse")) == service.errors.rmse
         charts = assert_no_blank_chart(page)
         assert charts["c-rmse"]["points"] >= 2 and charts["c-kld"]["points"] >= 2
         http.post(f"http://127.0.0.1:{server.port}/pause", headers={"Authorization": f"Bearer {ADMIN}"})
-        wait_until(page, "document.getElementById('status').textContent.startsWith('paused')", timeout=10)
+        wait_until(page, "document.getElementById('status').textContent.startsWith('paused')", timeout=60)
         page.close()
     finally:
         server.stop()
@@ -376,7 +376,7 @@ def test_try_it_shows_titles_on_recommend_and_similar(browser):
     try:
         page = browser.new_page()
         page.goto(base + "/#token=" + ADMIN)
-        wait_until(page, "window.dashboard.polls >= 1", timeout=10)
+        wait_until(page, "window.dashboard.polls >= 1", timeout=60)
         table, _ = shown(page, "try", {"user": "7", "k": "5"}, "/recommend", {"user": "7", "k": 5})
         assert table[0] == ["#", "item", "score"]    # no titles: no title column
         service.titles = Titles({str(i): f"Film {i}" for i in range(0, 150, 2)})
@@ -384,7 +384,7 @@ def test_try_it_shows_titles_on_recommend_and_similar(browser):
         server = ServerThread(create_app(service, ADMIN), "127.0.0.1", 0).start()
         base = f"http://127.0.0.1:{server.port}"
         page.goto(base + "/#token=" + ADMIN)
-        wait_until(page, "window.dashboard.polls >= 1", timeout=10)
+        wait_until(page, "window.dashboard.polls >= 1", timeout=60)
         table, expected = shown(page, "try", {"user": "7", "k": "5"}, "/recommend", {"user": "7", "k": 5})
         assert table[0] == ["#", "item", "title", "score"]
         assert [row[1:3] for row in table[1:]] == [[str(x["item"]), x.get("title", "")]
