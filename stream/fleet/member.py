@@ -68,7 +68,7 @@ class FleetLearner(KafkaLearner):
         self.model_topic = model_topic
         self.snapshot_topic = snapshots.snapshot_topic(model_topic)
         self.feed = ModelFeed(bootstrap, model_topic, self.state, self.tracker.apply,
-                              service.follow_origin)
+                              service.follow_origin, native=True)
         self.feed.catch_up()
         self.model_producer = model_producer(bootstrap)
         self.published: dict[str, int] = {}   # partition -> offset the model topic covers to
@@ -117,7 +117,7 @@ class FleetLearner(KafkaLearner):
                         f"({type(exc).__name__}: {exc})")
             return
         fresh = [tp for tp in tps if str(tp.partition) not in self.state.covered]
-        starts = self.feed.consumer.beginning_offsets(fresh) if fresh else {}
+        starts = self.feed.beginning_offsets(fresh) if fresh else {}
         for tp in tps:
             p = str(tp.partition)
             at = self.state.covered.get(p, starts.get(tp))

@@ -216,37 +216,37 @@ def no_origin() -> dict:
 class ModelFeed:
     """Reads the model topic from ``state.position`` and applies accepted deltas through
     ``apply(blob)`` (``DeltaTracker.apply``); this member's own deltas are already in its replica
-    and are only settled. ``poll()`` takes what has arrived; ``catch_up()`` reads to the end."""
+    and are only settled. ``poll()`` takes what has arrived; ``catch_up()`` reads to the end.
+    ``native``: through librdkafka (``feed_reader.NativeReader``, a learning member: a poll is one
+    C call), else kafka-python (``consumer`` is then the client a health probe reads)."""
 
-    def __init__(self, bootstrap: str, topic: str, state: FleetState, apply, on_origin=None):
-        from kafka import KafkaConsumer, TopicPartition
-        from sketchrec.stream.kafka.consumer import kafka_config
+    def __init__(self, bootstrap: str, topic: str, state: FleetState, apply, on_origin=None,
+                 native: bool = False):
+        from sketchrec.stream.fleet.feed_reader import NativeReader, PythonReader
         self.state, self.apply = state, apply
         self.on_origin = on_origin   # called after settling a delta that names its ratings' origin
-        self.tp = TopicPartition(topic, 0)
-        # no CRC check in Python (slow enough to be the cost of reading big deltas; the broker checked
-        # it on produce), and a short fetch wait: a poll between two input polls must not block
-        self.consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
-                                      isolation_level="read_committed", max_poll_records=500,
-                                      check_crcs=False, fetch_max_wait_ms=5,
-                                      fetch_max_bytes=MAX_MESSAGE_BYTES,
-                                      max_partition_fetch_bytes=MAX_MESSAGE_BYTES)
-        self.consumer.assign([self.tp])
-        self.consumer.seek(self.tp, state.position)
+        reader = NativeReader if native else PythonReader
+        self.reader = reader(bootstrap, topic, state.position, MAX_MESSAGE_BYTES)
+        self.consumer = self.reader.consumer
         self.bytes_read = 0
 
     def poll(self, timeout_ms: int = 0) -> int:
         """Apply what has arrived; the number of messages read."""
-        batches = self.consumer.poll(timeout_ms=timeout_ms)
         n = 0
-        for msg in batches.get(self.tp, []):
+        for msg in self.reader.poll(timeout_ms):
             self._take(msg)
             n += 1
         return n
 
     def catch_up(self, timeout: float = 60.0) -> None:
         """Read until the end of the topic as it is now."""
-        self.read_through(self.consumer.end_offsets([self.tp])[self.tp] - 1, timeout)
+        self.read_through(self.reader.end_offset() - 1, timeout)
+
+    def beginning_offsets(self, tps) -> dict:
+        """The first offset of each of ``tps`` (kafka-python ``TopicPartition`` objects of the input
+        topic), asked through this reader's own client (not the input consumer, whose rebalance
+        callback asks)."""
+        return {tp: self.reader.beginning(tp.topic, tp.partition) for tp in tps}
 
     def read_through(self, offset: int, timeout: float = 60.0) -> None:
         """Read until the message at ``offset`` is read (e.g. one this member has just written)."""
@@ -280,4 +280,4 @@ class ModelFeed:
             self.on_origin()
 
     def close(self) -> None:
-        self.consumer.close(autocommit=False)
+        self.reader.close()

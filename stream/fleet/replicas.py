@@ -163,7 +163,7 @@ def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: 
     """Replace ``service``'s replica in place (an endpoint serving it keeps serving) by the
     newest snapshot plus the model topic, as ``member``: after its member was fenced."""
     fresh = open_replica(bootstrap, model_topic, member=member)
-    feed = ModelFeed(bootstrap, model_topic, fresh.fleet, fresh.tracker.apply)
+    feed = ModelFeed(bootstrap, model_topic, fresh.fleet, fresh.tracker.apply, native=True)
     try:
         feed.catch_up()
         fresh.tracker.settle()

@@ -1,0 +1,126 @@
+"""Readers of the model topic for ``model_topic.ModelFeed``: what a poll costs a learning member.
+
+A member reads the model topic after every sync-sized chunk it learns, whether or not another
+member has published since. With kafka-python every such poll hands work to its network thread
+and waits for it twice (send the fetches, collect them), and unpacks each record of a delta in
+Python: CPU of both threads at every poll, empty or not, which a fleet member pays once per
+chunk (a plain learner polls its input once per tens of thousands of ratings). librdkafka
+(confluent-kafka, already the ``kafka`` extra's producer) fetches ahead in its own C threads; a
+poll takes what has arrived from its queue in one C call.
+
+- ``NativeReader``: librdkafka, for learning members (``FleetLearner``) and rebuilds;
+- ``PythonReader``: kafka-python, for the read-only ``FleetReplica``, whose health probe reads
+  the client's connections (``kafka.contact.broker_contact`` needs kafka-python's internals).
+
+Both read partition 0 of the topic from a given offset, read committed, and return ``Record`` objects
+in offset order.
+
+>>> Record(3, b"", [("sketchrec.delta", b"{}")]).offset
+3
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import NamedTuple
+
+log = logging.getLogger(__name__)
+MAX_RECORDS = 500   # per poll: a poll applies what it returns before the member learns on
+
+
+class Record(NamedTuple):
+    """One message of the model topic, as ``ModelFeed._take`` reads it."""
+
+    offset: int
+    value: bytes | None
+    headers: list
+
+
+class NativeReader:
+    """The model topic through librdkafka, from ``position`` (see the module docstring).
+
+    Parameters
+    ----------
+    bootstrap, topic : the broker and the model topic (one partition).
+    position : the offset of the first message to read.
+    max_bytes : the largest message (the topic's ``max.message.bytes``).
+
+    Examples
+    --------
+    >>> reader = NativeReader("127.0.0.1:9092", "ratings.model", 0, 64 << 20)  # doctest: +SKIP
+    >>> [record.offset for record in reader.poll(200)]                         # doctest: +SKIP
+    [0, 1, 2]
+    """
+
+    def __init__(self, bootstrap: str, topic: str, position: int, max_bytes: int):
+        import confluent_kafka
+        self._errors = confluent_kafka   # its error and partition types
+        self.consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": bootstrap,
+            # required by the client; never joined (assign only) and nothing is committed
+            "group.id": f"model-reader-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "isolation.level": "read_committed",
+            "enable.partition.eof": False, "check.crcs": False,   # the broker checked them on produce
+            # a fetch the broker answers at once when a delta arrives, else after this wait: the
+            # prefetching thread's cost when nothing comes (a member waits for others' deltas)
+            "fetch.wait.max.ms": 20,
+            "fetch.message.max.bytes": max_bytes, "fetch.max.bytes": max_bytes,
+            "receive.message.max.bytes": max_bytes + (1 << 20),
+            "logger": log,   # its connection errors through logging, not raw stderr
+        })
+        self.tp = confluent_kafka.TopicPartition(topic, 0, position)
+        self.consumer.assign([self.tp])
+
+    def poll(self, timeout_ms: int) -> list[Record]:
+        """The records that have arrived (waiting up to ``timeout_ms`` for the first); a broker's
+        error on the partition raises (a caller retries as after any failed read)."""
+        out = []
+        for msg in self.consumer.consume(MAX_RECORDS, timeout_ms / 1000.0):
+            if msg.error() is not None:
+                raise self._errors.KafkaException(msg.error())
+            out.append(Record(msg.offset(), msg.value(), msg.headers() or []))
+        return out
+
+    def end_offset(self, timeout: float = 30.0) -> int:
+        """The offset after the topic's last message now (read committed)."""
+        return self.consumer.get_watermark_offsets(self.tp, timeout=timeout, cached=False)[1]
+
+    def beginning(self, topic: str, partition: int, timeout: float = 30.0) -> int:
+        """The first offset of a partition of another topic (the input's)."""
+        tp = self._errors.TopicPartition(topic, partition)
+        return self.consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)[0]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class PythonReader:
+    """The model topic through kafka-python (``consumer`` is the client ``broker_contact`` reads)."""
+
+    def __init__(self, bootstrap: str, topic: str, position: int, max_bytes: int):
+        from kafka import KafkaConsumer, TopicPartition
+        from sketchrec.stream.kafka.consumer import kafka_config
+        self.tp = TopicPartition(topic, 0)
+        # no CRC check in Python (the broker checked it on produce), and a short fetch wait: a
+        # poll between two input polls must not block
+        self.consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
+                                      isolation_level="read_committed", max_poll_records=MAX_RECORDS,
+                                      check_crcs=False, fetch_max_wait_ms=5,
+                                      fetch_max_bytes=max_bytes, max_partition_fetch_bytes=max_bytes)
+        self.consumer.assign([self.tp])
+        self.consumer.seek(self.tp, position)
+
+    def poll(self, timeout_ms: int) -> list:
+        return self.consumer.poll(timeout_ms=timeout_ms).get(self.tp, [])
+
+    def end_offset(self, timeout: float = 30.0) -> int:
+        return self.consumer.end_offsets([self.tp])[self.tp]
+
+    def beginning(self, topic: str, partition: int) -> int:
+        from kafka import TopicPartition
+        tp = TopicPartition(topic, partition)
+        return self.consumer.beginning_offsets([tp])[tp]
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)

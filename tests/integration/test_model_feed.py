@@ -1,0 +1,92 @@
+"""The model topic read through librdkafka (a learning member's reader) gives what kafka-python
+gives (the read-only replica's): the same records from a position, in order, with their headers
+and empty values; the same end and beginning offsets; and a feed built on it applies and settles
+the deltas a member published (``stream.fleet.feed_reader``)."""
+
+import uuid
+
+from kafka import KafkaProducer
+
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.stream.fleet.feed_reader import NativeReader, PythonReader
+from sketchrec.stream.fleet.model_topic import (HEADER, MAX_MESSAGE_BYTES, FleetState, ModelFeed,
+                                                encode_meta)
+from sketchrec.stream.fleet.replicas import ensure_fleet_topics, model_producer
+from sketchrec.stream.kafka.producer import ensure_topic
+
+
+def _publish(bootstrap: str, topic: str) -> list[bytes]:
+    """Five messages on the model topic: four deltas of two members (one with an empty value, a
+    member that only stepped over dead letters) and a claim; the values."""
+    values = [b"a" * 70_000, b"", b"b" * 10, b"", b"c" * 300_000]
+    producer = model_producer(bootstrap)
+    covers = [{0: (0, 10)}, {1: (0, 5)}, {0: (10, 20)}, {}, {1: (5, 9)}]
+    for n, (value, cover) in enumerate(zip(values, covers)):
+        member = "m1" if n % 2 == 0 else "m2"
+        meta = encode_meta(member, n, cover, ErrorStats(), {}, claims=[2] if n == 3 else ())
+        producer.send(topic, value=value, key=member.encode(), partition=0, headers=[(HEADER, meta)])
+    producer.flush(timeout=30)
+    producer.close(timeout=10)
+    return values
+
+
+def _read(reader, n: int) -> list[tuple]:
+    got = []
+    for _ in range(200):
+        got += [(r.offset, bytes(r.value or b""), [(k, bytes(v)) for k, v in r.headers]) for r in reader.poll(100)]
+        if len(got) >= n:
+            break
+    reader.close()
+    return got
+
+
+def test_native_reader_reads_what_kafka_python_reads(kafka_bootstrap):
+    topic = f"feed-{uuid.uuid4().hex[:6]}.model"
+    ensure_fleet_topics(kafka_bootstrap, topic)
+    values = _publish(kafka_bootstrap, topic)
+    native = NativeReader(kafka_bootstrap, topic, 1, MAX_MESSAGE_BYTES)
+    plain = PythonReader(kafka_bootstrap, topic, 1, MAX_MESSAGE_BYTES)
+    assert native.end_offset() == plain.end_offset() == len(values)
+    got, expected = _read(native, 4), _read(plain, 4)
+    assert [r[0] for r in got] == [1, 2, 3, 4]
+    assert got == expected
+    assert [r[1] for r in got] == values[1:]
+    assert all(k == HEADER for r in got for k, _ in r[2])
+
+
+def test_native_reader_asks_an_input_partitions_beginning(kafka_bootstrap):
+    topic, model = f"feed-in-{uuid.uuid4().hex[:6]}", f"feed-{uuid.uuid4().hex[:6]}.model"
+    ensure_topic(kafka_bootstrap, topic, 2)
+    ensure_fleet_topics(kafka_bootstrap, model)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for n in range(3):
+        producer.send(topic, b"1,2,3,0", partition=1).get(timeout=30)
+    producer.close(timeout=10)
+    native = NativeReader(kafka_bootstrap, model, 0, MAX_MESSAGE_BYTES)
+    plain = PythonReader(kafka_bootstrap, model, 0, MAX_MESSAGE_BYTES)
+    try:
+        assert native.beginning(topic, 1) == plain.beginning(topic, 1) == 0
+    finally:
+        native.close()
+        plain.close()
+
+
+def test_a_native_feed_applies_and_settles_what_members_published(kafka_bootstrap):
+    """Another member's deltas are applied, this member's own only settled, and the coverage and
+    position are what the topic says, as with kafka-python."""
+    topic = f"feed-{uuid.uuid4().hex[:6]}.model"
+    ensure_fleet_topics(kafka_bootstrap, topic)
+    values = _publish(kafka_bootstrap, topic)
+    states = {}
+    for native in (True, False):
+        applied, state = [], FleetState(member="m2")
+        feed = ModelFeed(kafka_bootstrap, topic, state, applied.append, native=native)
+        try:
+            feed.catch_up(timeout=30)
+        finally:
+            feed.close()
+        assert applied == [values[0], values[2], values[4]]   # m1's; m2's own are settled only
+        assert state.position == len(values) and feed.bytes_read == sum(map(len, values))
+        states[native] = state.to_dict()
+    assert states[True] == states[False]
+    assert states[True]["covered"] == {"0": 20, "1": 9} and states[True]["owners"] == {"2": "m2"}
