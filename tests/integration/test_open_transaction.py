@@ -15,6 +15,7 @@ from sketchrec.models import SketchMF
 from sketchrec.stream.health import Health
 from sketchrec.stream.kafka.consumer import KafkaLearner, resume_or_create
 from sketchrec.stream.kafka.producer import ensure_topic
+from conftest import wait_for
 
 STALL_AFTER = 1.0   # seconds: the health's stall threshold, shortened for the test
 OPEN = 50           # messages in the open transaction
@@ -22,13 +23,6 @@ OPEN = 50           # messages in the open transaction
 
 def _ratings(start: int, n: int) -> list[bytes]:
     return [f"{u % 40},{u % 30},{1 + u % 5},{u}".encode() for u in range(start, start + n)]
-
-
-def _until(check, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
 
 
 def test_an_open_transaction_is_no_stall_and_its_messages_are_learned_once_committed(
@@ -65,14 +59,14 @@ def test_an_open_transaction_is_no_stall_and_its_messages_are_learned_once_commi
     thread = threading.Thread(target=learner.run, daemon=True)
     thread.start()
     try:
-        _until(lambda: service.ratings_learned == 100)
+        wait_for(lambda: service.ratings_learned == 100, "the committed messages learned", every=0.05)
         time.sleep(STALL_AFTER + 1.0)   # past the threshold, the transaction still open
         assert service.health.problems() == [], service.health.problems()
         assert service.health.behind == 0
         assert by_highwater.behind == OPEN
         assert any(p.startswith("no progress") for p in by_highwater.problems())
         held.commit_transaction()
-        _until(lambda: service.ratings_learned == 100 + OPEN)
+        wait_for(lambda: service.ratings_learned == 100 + OPEN, "the transaction's messages learned", every=0.05)
         assert service.health.problems() == []
     finally:
         learner.stop.set()
