@@ -2,7 +2,6 @@
 routes behind them: every request is sent twice, once as is and once with a repeated extra
 parameter (which the routes ignore and the fast path never answers), and both answers agree."""
 
-import time
 
 import httpx
 import numpy as np
@@ -16,6 +15,7 @@ from sketchrec.stream.serving.server import ServerThread
 from sketchrec.stream.service import LearningService
 from sketchrec.data import SyntheticStream
 from sketchrec.sketches.hashing import as_keys
+from conftest import wait_for
 
 ADMIN = "admin-token"
 TOKENS = UserTokens(b"k" * 32)
@@ -107,9 +107,7 @@ def test_a_stale_snapshot_is_rebuilt_off_the_callers_thread():
     with rec._snapshot_lock:       # a rebuild under way: the caller neither waits nor starts one
         assert rec.item_snapshot(wait=False) is first
     assert rec.item_snapshot(wait=False) is first   # the rebuild starts in a thread of its own
-    deadline = time.monotonic() + 10
-    while rec._snapshot is first and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: rec._snapshot is not first, "the rebuild in its own thread", timeout=60, every=0.01)
     assert rec._snapshot.learned == 2000 and not rec._snapshot_lock.locked()
 
 
