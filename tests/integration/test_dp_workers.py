@@ -3,7 +3,6 @@ one process serving the same checkpoint answers (the private fallback's choice a
 included), and /privacy says the same."""
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -13,16 +12,10 @@ from sketchrec.cli.replay import replay_main
 from sketchrec.privacy.admin_token import ENV as ADMIN_ENV
 from sketchrec.stream.serving.joint import open_checkpoint
 from sketchrec.stream.serving.workers.block import PREFIX
-from conftest import stop_processes, wait_healthy
+from conftest import served_url, stop_processes, wait_healthy
 
 TOKEN = "dp-workers-admin"
 PAIRS = [(u, i) for u in range(1, 11) for i in range(1, 11)]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _readers(learner_pid: int) -> list[int]:
@@ -51,14 +44,14 @@ def test_a_dp_checkpoint_is_served_by_two_readers_as_by_one_process(tmp_path):
     # factor model's bar): readers serving the bare factor arrays would answer other ratings
     assert not one.recommender.model.chose_factors
     expected = {(u, i): float(one.recommender.predict(str(u), str(i))) for u, i in PAIRS}
-    port = _port()
     log = open(tmp_path / "serve.log", "w")
     env = {**os.environ, ADMIN_ENV: TOKEN}   # the child's environment only
     proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "serve", "--checkpoint", str(ck),
-                             "--workers", "2", "--listen", f"127.0.0.1:{port}"],
+                             "--workers", "2", "--listen", "127.0.0.1:0"],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {TOKEN}"}
+        # the port the server bound itself (a port picked here could be taken before it binds)
+        url, auth = served_url(tmp_path / "serve.log", proc, timeout=600), {"Authorization": f"Bearer {TOKEN}"}
         # readers on a cold kernel cache compile first
         wait_healthy(url, proc, timeout=600, log=tmp_path / "serve.log")
         with httpx.Client(base_url=url, headers=auth, timeout=30) as client:

@@ -17,7 +17,7 @@ from sketchrec.stream.serving.http import create_app
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.joint import JointRecommender, JointService
 from sketchrec.stream.serving.server import ServerThread
-from conftest import free_port, http, wait_healthy
+from conftest import http, served_url, stop_processes, wait_healthy
 
 ADMIN = "backend-token"
 TOKENS = UserTokens(b"joint-serving-test-key")
@@ -99,29 +99,29 @@ def test_learning_endpoints_answer_409_and_access_control_cannot_be_turned_off(s
             create_app(service, ADMIN, access)
 
 
-def test_replay_serves_the_joint_model_until_interrupted():
-    port = free_port()
+def test_replay_serves_the_joint_model_until_interrupted(tmp_path):
     key = "ab" * 16
     env = {**os.environ, KEY_ENV: key, "SKETCHREC_ADMIN_TOKEN": ADMIN}
-    proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", "--synthetic-ratings", "6000",
-                             "--synthetic-users", "200", "--synthetic-items", "120", "--holdout", "0.2",
-                             "--quiet", "--dp-unit", "user", "--dp-epsilon", "8",
-                             "--serve", f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    log = tmp_path / "replay.err"
+    with log.open("w") as err:   # a file: a pipe read only at the end could fill and block it
+        proc = subprocess.Popen([sys.executable, "-m", "sketchrec", "replay", "--synthetic-ratings", "6000",
+                                 "--synthetic-users", "200", "--synthetic-items", "120", "--holdout", "0.2",
+                                 "--quiet", "--dp-unit", "user", "--dp-epsilon", "8",
+                                 "--serve", "127.0.0.1:0"],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, proc)   # /recommend answers 503 while the model loads
+        base = served_url(log, proc)   # the port the replay bound itself
+        wait_healthy(base, proc, log=log)   # /recommend answers 503 while the model loads
         assert http.get(f"{base}/recommend", params={"user": "3", "k": 5}).status_code == 401
         token = UserTokens(bytes.fromhex(key)).mint(3)
         r = http.get(f"{base}/recommend", params={"user": "3", "k": 5, "token": token})
         assert r.status_code == 200 and len(r.json()["items"]) == 5
         assert http.get(f"{base}/privacy").json()["mode"] == "joint-dp"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert "per-user access control on" in proc.stderr.read()
+        stop_processes([proc])
+    assert "per-user access control on" in log.read_text()
 
 
 def test_a_checkpoint_serves_the_same_release_and_a_new_fit_extends_its_ledger(tmp_path):
