@@ -23,6 +23,7 @@ from sketchrec.stream.feedback import DirectFeedback, KafkaFeedback
 from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.workers.pool import WorkerPool
+from conftest import wait_for
 
 ADMIN = "workers-feedback-admin"
 TOKENS = UserTokens(b"w" * 32)
@@ -106,11 +107,12 @@ def test_a_rating_posted_to_a_reader_of_a_consumer_is_produced_to_its_topic(kafk
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
     rows = []
-    for _ in range(20):
+
+    def read() -> bool:   # a fresh consumer's first fetch may take seconds on a loaded machine
         for message in consumer.poll(timeout_ms=500).get(tp, []):
-            rows += [r[:3] for r in parse_message(message.value).ratings]
-        if len(rows) >= 2:
-            break
+            rows.extend(r[:3] for r in parse_message(message.value).ratings)
+        return len(rows) >= 2
+    wait_for(read, "the posted ratings on the topic", timeout=120, every=0)
     consumer.close()
     assert sorted(rows) == [("ann", 3, 4.0), ("bob", 5, 2.0)]
     assert np.isfinite(rec.predict("ann", 3))

@@ -212,7 +212,7 @@ def test_a_lost_broker_or_a_stalled_loop_shows_within_ten_seconds_by_default():
     health.broker_lost("no broker connection", since=time.monotonic() - 9.5)
     assert any(p.startswith("broker unreachable") for p in health.problems())
     health.polled(True)
-    health.last_poll -= 9.5
+    health.last_poll -= 8.0   # (not 9.5: a loaded machine may pause this test for a moment)
     assert health.problems() == []            # a slow poll is not yet a stall ...
-    health.last_poll -= 1.0
+    health.last_poll -= 3.0
     assert [p[:9] for p in health.problems()] == ["last poll"]   # ... but past ten seconds it is
