@@ -109,8 +109,12 @@ def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int 
     for k, rec in enumerate(recs):
         # each member's own noise, as fresh entropy gives it (the same seed would draw the same
         # noise at the same fleet-wide step count), set once the tracker has taken the model's
-        # parameters: every member's deltas are those of one fleet's model
+        # parameters: every member's deltas are those of one fleet's model. A debug noise seed
+        # also derives a private model's id key (privacy.keys): the key is drawn first, from the
+        # seed all members share, as a fleet's members adopt the first snapshot's key (keyed
+        # apart, a member's deltas would land on other ids' cells at every other replica)
         if getattr(rec.model, "dp", None) is not None:
+            rec.model.id_keys = recs[0].model.id_keys
             rec.model.dp = replace(rec.model.dp, debug_noise_seed=1000 * seed + k + 1)
     users, items, ratings = data.users, data.items, data.ratings
     parts = [np.flatnonzero(users.astype(np.int64) % m == k) for k in range(m)]
