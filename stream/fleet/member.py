@@ -11,7 +11,8 @@ chunks of about ``sync_ratings`` ratings, publishing and reading the model topic
 each chunk's offsets are stored as it is learned, so what a delta covers stays exact. A member
 holding every partition is the group's only learner: nothing can drift, so it publishes every
 ``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among M members, by default, every
-``DRIFT_RATINGS`` / (M - 1) ratings (``sync_interval``), M re-read at every poll.
+``DRIFT_RATINGS`` / (M - 1) ratings (two members: ``PAIR_RATINGS``; ``sync_interval``), M re-read
+at every poll.
 
 Exactly once across the fleet: the model topic is the record of what has been learned. Before a
 member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's

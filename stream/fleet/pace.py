@@ -39,6 +39,11 @@ SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one membe
 # keeps that constant. A fixed interval at every M is cheaper, but the members' summed steps
 # overshot (the default learner's capped means, the sketch on sparse streams: docs/fleet.md)
 DRIFT_RATINGS = 2_000
+# Two members sync every PAIR_RATINGS: each one's fraction of a count-weighted move stays below 1,
+# so their summed steps cannot overshoot (module docstring) and only staleness bounds their
+# interval; at twice the drift the default learner stays within the fleet's accuracy target on
+# every stream and seed `sketchrec bench fleet --accuracy` runs, for half the takes and applies
+PAIR_RATINGS = 2 * DRIFT_RATINGS
 # held slots' full refresh: every FULL_REFRESH_SYNCS x the drift a member's interval allows
 # (full_refresh_ratings)
 FULL_REFRESH_SYNCS = 8
@@ -91,13 +96,14 @@ class HotItems:
 
 def sync_interval(members: int, dp_batch: int | None = None) -> int:
     """The default sync interval (ratings of one member) in a fleet of ``members`` learners:
-    ``DRIFT_RATINGS`` / (M - 1), at least ``SYNC_RATINGS``; ``ALONE`` x ``SYNC_RATINGS`` alone.
+    ``DRIFT_RATINGS`` / (M - 1), at least ``SYNC_RATINGS``; ``PAIR_RATINGS`` for two members;
+    ``ALONE`` x ``SYNC_RATINGS`` alone.
     A DP-SGD model (``dp_batch``: ratings per noisy step) syncs every ``DRIFT_RATINGS`` whatever M,
     rounded up to whole batches: an interval cut short of a batch cuts a noisy step short, and
     the same noise over fewer ratings costs more accuracy than the members' drift (docs/fleet.md).
 
     >>> sync_interval(1), sync_interval(2), sync_interval(4)
-    (10000, 2000, 666)
+    (10000, 4000, 666)
     >>> sync_interval(4, dp_batch=1000), sync_interval(2, dp_batch=1500), sync_interval(1, dp_batch=1000)
     (2000, 3000, 10000)
     """
@@ -105,6 +111,8 @@ def sync_interval(members: int, dp_batch: int | None = None) -> int:
         return ALONE * SYNC_RATINGS
     if dp_batch:
         return -(-max(DRIFT_RATINGS, dp_batch) // dp_batch) * dp_batch
+    if members == 2:
+        return PAIR_RATINGS
     return max(SYNC_RATINGS, DRIFT_RATINGS // (members - 1))
 
 
@@ -115,12 +123,13 @@ def full_refresh_ratings(every: int, members: int) -> int:
     that interval ((M - 1) x ``every``, the drift the interval allows). Between refreshes a held
     row lags what collisions moved in its cells, which grows with the ratings learned or applied:
     a bound proportionate to the drift the fleet already accepts. At the default intervals
-    (``sync_interval``) the same for every M up to 5 (``deltas.FULL_REFRESH_RATINGS``), so a
-    larger fleet does not refresh more often per rating; a shorter ``--sync-ratings`` shortens it
-    (at M = 2, every ``FULL_REFRESH_SYNCS`` takes and applies whatever the interval).
+    (``sync_interval``) the same for every M from 3 to 5 (``deltas.FULL_REFRESH_RATINGS``), so a
+    larger fleet does not refresh more often per rating, and twice that for two members (whose
+    interval allows twice the drift); a shorter ``--sync-ratings`` shortens it (at M = 2, every
+    ``FULL_REFRESH_SYNCS`` takes and applies whatever the interval).
 
-    >>> full_refresh_ratings(2000, 2), full_refresh_ratings(666, 4), full_refresh_ratings(200, 2)
-    (16000, 15984, 1600)
+    >>> full_refresh_ratings(4000, 2), full_refresh_ratings(666, 4), full_refresh_ratings(200, 2)
+    (32000, 15984, 1600)
     >>> full_refresh_ratings(10_000, 1)   # alone: its own takes only
     80000
     """
