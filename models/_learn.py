@@ -42,18 +42,17 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
 
     The kernel takes the sums as the argument of the optimizer that runs and None for the other:
     numba drops the branches of a None argument before compiling, so a run compiles the steps of
-    its optimizer only (a kernel per optimizer used); likewise the implicit term's history (None
-    when the term is off) and SGLD's noisy writes (None without a temperature)."""
+    its optimizer only (a kernel per optimizer used). The implicit term (on when its history has
+    rows) and SGLD's noisy writes (on with a temperature) are decided per call instead, by a
+    branch each rating predicts the same way: a kernel per optimizer serves them all, where
+    pruning them too had meant a kernel, and a first-use compile, per combination."""
     mode = int(hp[OPTIMIZER])
-    imp = store.implicit if store.implicit.owners.shape[0] > 0 else None   # the term is on
-    sgld = hp if hp[SGLD_TAU] > 0.0 else None   # SGLD's noisy writes
-    _learn(store, acc if mode == ADAGRAD else None, acc if mode == ADAGRAD_ID else None, imp, sgld,
+    _learn(store, acc if mode == ADAGRAD else None, acc if mode == ADAGRAD_ID else None,
            ukeys, ikeys, ratings, hp, stats, counters, out_pred)
 
 
 @njit(nogil=True, cache=True)
-def _learn(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, stats, counters,
-           out_pred):
+def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
     # the scratch, held here for the whole loop (which borrows it): per side (user, item, and a
     # third for the look-ahead) addresses and signs of the vector and bias cells, p or q and a
     # start vector; then z, p + z, the two vector steps; the two bias steps and a bias; slots
@@ -63,8 +62,8 @@ def _learn(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
                  np.empty((2, d)))
     work = (np.empty((4, d)), np.empty((3, 1)), np.empty((2, 2), dtype=np.int64), np.empty(2),
             np.empty(d + 1))
-    _steps(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, stats, counters,
-           out_pred, side_work, work)
+    _steps(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, counters, out_pred,
+           side_work, work)
 
 
 @njit(inline="always", cache=True)
@@ -118,12 +117,13 @@ def look_ahead(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, ukeys, ik
 
 
 @njit(nogil=True, cache=True)
-def _steps(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, stats, counters,
-           out_pred, side_work, work):
+def _steps(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, counters, out_pred,
+           side_work, work):
     # every array borrowed (module docstring); the sums and the history under new names: numba
     # prunes the branches of a None argument only while the argument is never assigned
     store = borrow_store(store)
     history = store.implicit
+    implicit_on = history.owners.shape[0] > 0   # the term is on (see sketch_learn)
     if per_coordinate is not None:
         coordinate_sums = borrow_sums(per_coordinate)
     if per_id is not None:
@@ -155,6 +155,7 @@ def _steps(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
     writes = ((cells, zero, au, su, abu, dp), (cells, zero, ai, si, abi, dq),
               (bias_cells, d, abu, sbu, abu, dbu), (bias_cells, d, abi, sbi, abi, dbi))
     tau = hp[SGLD_TAU]
+    noisy = tau > 0.0   # SGLD's noisy writes (see sketch_learn)
     noise_std = np.sqrt(k * hp[LR] * tau) if tau > 0.0 else 0.0
     slot_noise_std = np.sqrt(hp[LR] * tau) if tau > 0.0 else 0.0
     clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
@@ -169,7 +170,7 @@ def _steps(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
                                hp[INIT_STD], addr, sign, vec, start)
             bias[s] = read_bias_of(bias_cells, bsalts, fvectors, slots[s], keys[s], baddr, bsign, b)
         row, held = -1, 0
-        if imp is not None:
+        if implicit_on:
             row = row_of(history, ukeys[n], False)
             held = implicit_sum(history, row, z) if row >= 0 else 0
         if held:  # the user's whole vector, summed as the predicting kernels sum it
@@ -201,9 +202,9 @@ def _steps(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
         if held:  # the item's step follows the user's whole vector p + z; z's own, the y's
             for l in range(d):
                 dq[l] -= hp[LR] * (pred - ratings[n]) * z[l]
-            if imp is not None:   # always, when held
+            if implicit_on:   # always, when held
                 implicit_step(history, row, held, pred - ratings[n], q, hp[IMPLICIT_LR], hp[IMPLICIT_REG])
-        if imp is not None:
+        if implicit_on:
             remember(history, row, ukeys[n], ikeys[n])
         dbu[0], dbi[0] = step_u, step_i
         for w in range(4):
@@ -216,7 +217,7 @@ def _steps(store, per_coordinate, per_id, imp, sgld, ukeys, ikeys, ratings, hp, 
             if per_id is not None:
                 adagrad_id_scale(id_sums.cells if w < 2 else id_sums.bias_cells, id_sums.heavy, slot,
                                  w // 2, baddr, delta, hp[LR], hp[ACC0])
-            if sgld is None:   # pruned before compiling when the argument is None (see sketch_learn)
+            if not noisy:
                 write_plain(target, fvectors, slot, offset, addr, sign, delta)
             else:
                 write_slot_or_cells(target, fvectors, slot, offset, addr, sign, delta, noise_std,

@@ -223,21 +223,21 @@ def read_scratch(salts, init_salts):
 
 
 def sketch_predict(store, ukeys, ikeys, hp, stats, clip, out):
-    """Predictions of many (user, item) pairs, clipped to the rating range when ``clip``: the
-    kernel takes the implicit term's history as None when the term is off (pruned before compiling,
-    as in ``sketch_learn``)."""
-    imp = store.implicit if store.implicit.owners.shape[0] > 0 else None
-    _predict(store, imp, ukeys, ikeys, hp, stats, clip, out)
+    """Predictions of many (user, item) pairs, clipped to the rating range when ``clip`` (the
+    implicit term added when its history has rows: one kernel either way, as in ``sketch_learn``)."""
+    _predict(store, ukeys, ikeys, hp, stats, clip, out)
 
 
 @njit(nogil=True, cache=True)
-def _predict(store, imp, ukeys, ikeys, hp, stats, clip, out):
+def _predict(store, ukeys, ikeys, hp, stats, clip, out):
     (cells, bias_cells, salts_u, salts_i, bsalts_u, bsalts_i, init_u, init_i,
      fkeys, ffamilies, fcounts, fvectors) = unpack(store)
     addr, sign, baddr, bsign, p, q, start, b = read_scratch(salts_u, init_u)
     sides = ((salts_u, bsalts_u, init_u, p), (salts_i, bsalts_i, init_i, q))
     bias = np.empty(2)
     mu = mean_of(stats)
+    imp = store.implicit
+    implicit_on = imp.owners.shape[0] > 0
     for n in range(ukeys.shape[0]):
         keys = (ukeys[n], ikeys[n])
         for s in range(2):   # the user's reads, then the item's: one copy of the code (as _learn)
@@ -245,7 +245,7 @@ def _predict(store, imp, ukeys, ikeys, hp, stats, clip, out):
             slot = read_id(cells, salts, init, fkeys, ffamilies, fcounts, fvectors, keys[s], s,
                            hp[INIT_STD], addr, sign, vec, start)
             bias[s] = read_bias_of(bias_cells, bsalts, fvectors, slot, keys[s], baddr, bsign, b)
-        if imp is not None:
+        if implicit_on:
             add_implicit(imp, ukeys[n], p, start)
         pred = mu + dot(p, q) + bias[USER] + bias[ITEM]
         out[n] = clip_to_range(pred, stats) if clip else pred
