@@ -98,3 +98,25 @@ def test_one_member_is_not_scaled():
     learned = _biases(rec).copy()
     tracker.take()
     assert np.array_equal(_biases(rec), learned) and not np.array_equal(learned, before)
+
+
+def test_a_member_composes_at_its_share_of_the_partitions():
+    """A member's pace tells its tracker 1 / its share of the topic's partitions (2 of 6: 3, 2 of
+    5: 2.5, not rounded up as the interval's fleet size is), and 1 when it holds them all (the
+    only learner: nothing is scaled)."""
+    from types import SimpleNamespace
+
+    from sketchrec.stream.fleet.member import FleetLearner
+
+    def told(held: set, partitions: int = 6) -> float:
+        sizes = []
+        member = SimpleNamespace(
+            consumer=SimpleNamespace(partitions_for_topic=lambda topic: set(range(partitions)),
+                                     assignment=lambda: [SimpleNamespace(partition=p) for p in held]),
+            topic="t", sync_ratings=500, by_size=True, dp_batch=None,
+            hot=SimpleNamespace(bound=lambda every, members: every), book=SimpleNamespace(),
+            tracker=SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=sizes.append))
+        FleetLearner._pace(member)
+        return sizes[-1]
+    assert told({0, 1}) == 3.0 and told({5}) == 6.0 and told({0, 1}, 5) == 2.5
+    assert told(set(range(6))) == 1
