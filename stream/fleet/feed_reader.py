@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 MAX_RECORDS = 500   # per poll: a poll applies what it returns before the member learns on
+FETCH_WAIT_MS = 500   # the read-only replica's fetch wait at the broker (kafka-python's default)
 
 
 class Record(NamedTuple):
@@ -102,11 +103,13 @@ class PythonReader:
         from kafka import KafkaConsumer, TopicPartition
         from sketchrec.stream.kafka.consumer import kafka_config
         self.tp = TopicPartition(topic, 0)
-        # no CRC check in Python (the broker checked it on produce), and a short fetch wait: a
-        # poll between two input polls must not block
+        # no CRC check in Python (the broker checked it on produce). The replica's thread does
+        # nothing but read, so its fetch may wait at the broker: the broker answers it as soon as a
+        # delta arrives, and an idle replica sends a few fetches a second instead of hundreds (its
+        # network thread's CPU). The wait stays well under ``kafka.contact.SILENT_AFTER``.
         self.consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
                                       isolation_level="read_committed", max_poll_records=MAX_RECORDS,
-                                      check_crcs=False, fetch_max_wait_ms=5,
+                                      check_crcs=False, fetch_max_wait_ms=FETCH_WAIT_MS,
                                       fetch_max_bytes=max_bytes, max_partition_fetch_bytes=max_bytes)
         self.consumer.assign([self.tp])
         self.consumer.seek(self.tp, position)

@@ -90,3 +90,22 @@ def test_a_native_feed_applies_and_settles_what_members_published(kafka_bootstra
         states[native] = state.to_dict()
     assert states[True] == states[False]
     assert states[True]["covered"] == {"0": 20, "1": 9} and states[True]["owners"] == {"2": "m2"}
+
+
+def test_an_idle_replica_reader_waits_at_the_broker_instead_of_asking_again(kafka_bootstrap):
+    """The read-only replica's reader, at the end of a quiet model topic, lets each fetch wait at
+    the broker (an idle replica then asks a few times a second, not hundreds: its network thread's
+    CPU), and that wait stays below what the health probe counts as a silent broker."""
+    from sketchrec.stream.fleet import feed_reader
+    from sketchrec.stream.kafka.contact import SILENT_AFTER
+    topic = f"feed-idle-{uuid.uuid4().hex[:6]}.model"
+    ensure_fleet_topics(kafka_bootstrap, topic)
+    reader = PythonReader(kafka_bootstrap, topic, 0, MAX_MESSAGE_BYTES)
+    try:
+        for _ in range(8):   # about two seconds of the replica's polls of 200 ms
+            assert reader.poll(200) == []
+        metrics = reader.consumer.metrics()["consumer-fetch-manager-metrics"]
+    finally:
+        reader.close()
+    assert metrics["fetch-latency-avg"] >= feed_reader.FETCH_WAIT_MS / 2   # ms: the broker held them
+    assert feed_reader.FETCH_WAIT_MS < 1000 * SILENT_AFTER / 2
