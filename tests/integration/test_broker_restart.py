@@ -93,7 +93,7 @@ def test_broker_restart_consumer_stays_up_and_learns_everything_once(s3_broker, 
         def stats():
             assert proc.poll() is None, log.read_text()[-3000:]
             try:
-                return http.get(f"{url}/stats", timeout=2).json()
+                return http.get(f"{url}/stats", timeout=10).json()
             except httpx.TransportError:
                 return None
 

@@ -80,7 +80,7 @@ def _send(bootstrap, topic, data, poison) -> None:
 
 def _stats(port) -> dict:
     try:
-        return http.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
+        return http.get(f"http://127.0.0.1:{port}/stats", timeout=10).json()   # a busy process may take seconds
     except (httpx.TransportError, ValueError):
         return {}
 

@@ -59,7 +59,7 @@ def send(bootstrap: str, topic: str, data, seconds: float, batch: int = 100) -> 
 
 def stats(port: int) -> dict | None:
     try:
-        return http.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
+        return http.get(f"http://127.0.0.1:{port}/stats", timeout=10).json()   # a busy process may take seconds
     except (httpx.TransportError, ValueError):
         return None
 

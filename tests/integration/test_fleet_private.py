@@ -40,7 +40,7 @@ def serve_cmd(bootstrap, topic, port):
 def operator_stats(port: int) -> dict:
     """A DP replica's exact counters: operator state, behind the admin token."""
     try:
-        answer = httpx.get(f"http://127.0.0.1:{port}/admin/privacy", timeout=2,
+        answer = httpx.get(f"http://127.0.0.1:{port}/admin/privacy", timeout=10,
                            headers={"Authorization": f"Bearer {TOKEN}"})
         return answer.json().get("stats") or {}
     except (httpx.TransportError, ValueError):

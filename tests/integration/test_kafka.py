@@ -126,8 +126,10 @@ def crash_three_times_then_finish(kafka_bootstrap: str, topic: str, ckpt) -> dic
             if proc.poll() is None:
                 proc.kill()
     assert all(n < KILL_N for n in killed_at), killed_at  # each kill landed mid-stream
-    # whatever was learned after the last checkpoint died with the process
-    assert CheckpointStore(ckpt).latest().meta["ratings_learned"] <= killed_at[-1]
+    # the last crash left part of the stream to the runs below, which resume from its checkpoint
+    # (not "at most what /stats said before the kill": the consumer may learn, and write a
+    # checkpoint every 1,500, between that answer and the signal)
+    assert CheckpointStore(ckpt).latest().meta["ratings_learned"] < KILL_N
 
     # a finishing run exits once idle with what it was assigned read to the end; in a group that a
     # killed member has not yet left (its session runs 6 s), that may be part of the topic: the
