@@ -141,12 +141,14 @@ class FleetLearner(KafkaLearner):
                 self.stop.set()   # nothing of the chunk learned: a fleet of this topic is refused
                 log_event("refused", logging.ERROR, error=self.refusal)
                 return
-            before = self.book.pending
+            before, counted = self.book.pending, self.whole.counted if self.whole else 0
             super().learn_poll(chunk)
             learned = self.book.pending - before
             self.own += learned
             messages = sum(len(batch) for batch in chunk.values())
-            self.per_message = max(1.0, learned / max(messages, 1))
+            read = self.whole.counted - counted if self.whole else learned   # DP: some held back
+            if read:   # (held messages learned at a pause were read before)
+                self.per_message = max(1.0, read / messages)
             self.last_at = time.time()
             if self.last_at - self.progress[-1][0] >= 0.05:
                 self.progress.append((self.last_at, self.own))

@@ -11,6 +11,8 @@ The guarantee, and its limits:
   committed offsets never run ahead of the model. They are used only for partitions the checkpoint
   does not know (e.g. a new partition); the checkpoint's offsets win otherwise.
 - On a rebalance, the consumer checkpoints and commits before giving partitions up.
+- A DP-SGD model learns whole noisy steps: the messages past a poll's last whole batch are held
+  back, uncovered by the offsets, for the next poll (``kafka.whole_batches``).
 - Dead letters are at-least-once: after a crash, a malformed message after the last checkpoint is
   consumed and dead-lettered again (the counters, being in the checkpoint, count it once).
 - A message, a failed commit (``CommitFailedError`` after a long pause or a broker restart that
@@ -36,6 +38,7 @@ from sketchrec.stream.kafka.contact import broker_contact, messages_behind, trac
 from sketchrec.stream.kafka.intake import finite_errors, read_poll
 from sketchrec.stream.kafka.messages import dead_letter
 from sketchrec.stream.kafka.offsets import OffsetBook
+from sketchrec.stream.kafka.whole_batches import IDLE_SECONDS, WholeBatches
 from sketchrec.stream.health import log_event
 from sketchrec.stream.serving.server import freeze_startup
 from sketchrec.stream.recommender import Recommender
@@ -72,6 +75,7 @@ class KafkaLearner:
     durable means; ``run`` the loop itself."""
 
     EXTENSION_POINTS = ("resume_partitions", "learn_poll", "tally", "after_poll", "checkpoint", "run")
+    whole: WholeBatches | None = None   # a DP-SGD model's held messages (set in __init__)
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str | None = None,
                  dead_topic: str | None = None, rating_range: tuple[float, float] | None = (0.5, 5.0),
@@ -98,6 +102,7 @@ class KafkaLearner:
         track_stable_offsets(self.consumer)   # the lag stops at an open transaction (kafka.contact)
         self.producer = KafkaProducer(**config, linger_ms=20, acks="all")
         self.book = OffsetBook(service.offsets, checkpoint_every, checkpoint_seconds)
+        self.whole = WholeBatches.of(service.recommender.model, rating_range)   # DP-SGD: or None
         self.closing = False
         self.last_checkpoint_ok = True
         self.dead_letters: Counter = Counter()  # set aside since the last checkpoint (for the log)
@@ -119,6 +124,7 @@ class KafkaLearner:
 
         class Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked):
+                learner.forget_held(revoked)
                 # Runs on kafka-python's IO thread, where blocking consumer calls are refused:
                 # the commit after this checkpoint is asynchronous. On our own close the final
                 # checkpoint was already written.
@@ -127,6 +133,7 @@ class KafkaLearner:
                     learner.checkpoint("rebalance", blocking_commit=False)
 
             def on_partitions_lost(self, lost):
+                learner.forget_held(lost)
                 # evicted from the group (a stalled heartbeat): the partitions may have a new
                 # owner already. A fleet member still publishes (its delta counts only if the new
                 # owner has not claimed them yet: kafka.model_topic); a checkpointing learner
@@ -136,6 +143,7 @@ class KafkaLearner:
                     learner.checkpoint("rebalance", blocking_commit=False)
 
             def on_partitions_assigned(self, assigned):
+                learner.forget_held(assigned)
                 log_event("rebalance", assigned=sorted(tp.partition for tp in assigned))
                 learner.resume_partitions(assigned)
 
@@ -199,6 +207,8 @@ class KafkaLearner:
                     if records:
                         self.learn_poll(records)
                     last_data = time.monotonic()
+                elif self.whole is not None and self.whole.held:   # (no idle exit while held)
+                    self.learn_held(time.monotonic() - last_data)   # a pause: a partial step
                 elif idle_exit is not None and time.monotonic() - last_data > idle_exit:
                     # idle means drained: a fetch that stalls longer than idle_exit (a loaded
                     # broker) while an assigned partition still has messages is not the end
@@ -272,6 +282,8 @@ class KafkaLearner:
     def learn_poll(self, records: dict) -> None:
         """Learn a poll: its messages read (``kafka.intake``: every rejection named, never a
         raise), the rejected dead-lettered, the rest learned in one batch, the offsets stored."""
+        if self.whole is not None:
+            records = self.whole.cut(records)   # whole noisy steps; the rest held, not stored
         poll = read_poll(records, self.rating_range, self.service.record_origin)
         for bad in poll.rejected:
             self._dead_letter(dead_letter(bad.tp.topic, bad.tp.partition, bad.message.offset,
@@ -292,8 +304,24 @@ class KafkaLearner:
             self.tally(skipped)
         self.book.store(poll.offsets, len(ratings) + sum(skipped.values()))
 
+    def forget_held(self, tps) -> None:
+        """Partitions rebalanced: held messages of theirs are consumed again from the offsets."""
+        if self.whole is not None:
+            self.whole.forget(tps)
+
+    def learn_held(self, idle: float = float("inf")) -> None:
+        """Learn the held messages (a partial step) once no message came for IDLE_SECONDS."""
+        if self.whole is not None and self.whole.held and idle >= IDLE_SECONDS:
+            self.whole.learning_all = True
+            try:
+                self.learn_poll(self.whole.release())
+            finally:
+                self.whole.learning_all = False
+
     def _set_aside(self, batch: codec_errors.UnreadableBatch) -> None:
-        """A batch whose codec cannot be read: counted, dead-lettered whole, stepped over."""
+        """A batch whose codec cannot be read: counted, dead-lettered whole, stepped over (the
+        held messages learned first: its offset would cover theirs)."""
+        self.learn_held()
         self.tally({batch.reason: batch.messages})
         self._dead_letter(batch.dead_letter())
         self.book.store({batch.partition: batch.next_offset}, batch.messages)
