@@ -75,7 +75,7 @@ def vw_available() -> bool:
 def _timed_rounds(makes: list, parts: list[Ratings], runs: int, max_rounds: int = 25) -> list[list[dict]]:
     """Prequential runs of each learner (on its part) in turn, round after round: at least `runs`
     rounds, and up to `max_rounds` while a round of the first learner lasts under a second in all (a
-    run on ML-100k lasts ~0.1 s). Alternating within a round lets two learners be compared pair by pair."""
+    run on ML-100k lasts a fraction of a second). Alternating within a round lets two learners be compared pair by pair."""
     rounds: list[list[dict]] = []
     while True:
         rounds.append([prequential(make(), part.batches(10_000)) for make, part in zip(makes, parts)])

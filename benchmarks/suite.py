@@ -72,7 +72,7 @@ def memory_scaling(sizes: list[int], quick: bool = False) -> dict:
         return {"users": n, **json.loads(res.stdout.strip().splitlines()[-1])}
 
     # a throwaway first probe fills numba's on-disk cache: otherwise the first measured process alone
-    # holds the compiler (~60 MB resident) and the sizes are not compared like for like
+    # holds the compiler (tens of MB resident) and the sizes are not compared like for like
     models = ("sketch", "dense", "river")
     if not quick:
         probe("sketch", min(sizes))
