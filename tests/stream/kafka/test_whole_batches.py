@@ -146,3 +146,16 @@ def test_counts_that_never_make_a_whole_batch_are_held_within_a_bound():
         assert learner.book.pending == learned and len(learner.whole.held.get(TP, [])) == held
     # the last poll would have held 434 ratings, over the bound: learned in a partial step
     assert 1834 - 1400 > MAX_HELD_BATCHES * BATCH and int(model.dp_steps[0]) == 14 + 5
+
+
+def test_a_partition_given_up_leaves_its_held_messages_to_its_next_owner():
+    data = _stream(300)
+    tp1 = TopicPartition("t", 1)
+    first, second = _messages(data.take(slice(0, 200))), _messages(data.take(slice(200, 300)))
+    learner = _learner(_model())
+    learner.learn_poll({TP: first[:150], tp1: second[:30]})   # 100 learned; 50 + 30 held
+    assert learner.book.pending == 100 and len(learner.whole.held[tp1]) == 30
+    learner.forget_held([tp1])                                  # revoked, given to another member
+    learner.learn_poll({TP: first[150:]})
+    assert learner.book.pending == 200 and not learner.whole.held
+    assert learner.book.position(1) is None   # nothing of it covered: its next owner reads it all
