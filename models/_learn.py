@@ -40,19 +40,22 @@ def sketch_learn(store, acc, ukeys, ikeys, ratings, hp, stats, counters, out_pre
     Ids holding a heavy-filter slot (``store.heavy``, see models.heavy_filter) are read and
     written there; every rating first counts its user and item in the filter.
 
-    The kernel takes the sums as the argument of the optimizer that runs and None for the other:
-    numba drops the branches of a None argument before compiling, so a run compiles the steps of
-    its optimizer only (a kernel per optimizer used). The implicit term (on when its history has
-    rows) and SGLD's noisy writes (on with a temperature) are decided per call instead, by a
-    branch each rating predicts the same way: a kernel per optimizer serves them all, where
-    pruning them too had meant a kernel, and a first-use compile, per combination."""
+    The kernel takes the sums as the argument of the optimizer that runs and None for the other,
+    and SGLD's noisy writes as None without a temperature: numba drops the branches of a None
+    argument before compiling, so a run compiles the steps of its optimizer only (a kernel per
+    optimizer used). Compiled in, those branches slow the plain SGD loop measurably even when never
+    taken (AdaGrad's scaling calls and SGLD's random draws keep the compiler from the plain loop's
+    optimisations). The implicit term (on when its history has rows) is decided per call instead,
+    by a branch each rating predicts the same way and which costs the loop nothing measurable:
+    pruning it too had meant a kernel, and a first-use compile, per optimizer and term."""
     mode = int(hp[OPTIMIZER])
-    _learn(store, acc if mode == ADAGRAD else None, acc if mode == ADAGRAD_ID else None,
+    sgld = hp if hp[SGLD_TAU] > 0.0 else None
+    _learn(store, acc if mode == ADAGRAD else None, acc if mode == ADAGRAD_ID else None, sgld,
            ukeys, ikeys, ratings, hp, stats, counters, out_pred)
 
 
 @njit(nogil=True, cache=True)
-def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
+def _learn(store, per_coordinate, per_id, sgld, ukeys, ikeys, ratings, hp, stats, counters, out_pred):
     # the scratch, held here for the whole loop (which borrows it): per side (user, item, and a
     # third for the look-ahead) addresses and signs of the vector and bias cells, p or q and a
     # start vector; then z, p + z, the two vector steps; the two bias steps and a bias; slots
@@ -62,7 +65,7 @@ def _learn(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, coun
                  np.empty((2, d)))
     work = (np.empty((4, d)), np.empty((3, 1)), np.empty((2, 2), dtype=np.int64), np.empty(2),
             np.empty(d + 1))
-    _steps(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, counters, out_pred,
+    _steps(store, per_coordinate, per_id, sgld, ukeys, ikeys, ratings, hp, stats, counters, out_pred,
            side_work, work)
 
 
@@ -117,7 +120,7 @@ def look_ahead(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, ukeys, ik
 
 
 @njit(nogil=True, cache=True)
-def _steps(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, counters, out_pred,
+def _steps(store, per_coordinate, per_id, sgld, ukeys, ikeys, ratings, hp, stats, counters, out_pred,
            side_work, work):
     # every array borrowed (module docstring); the sums and the history under new names: numba
     # prunes the branches of a None argument only while the argument is never assigned
@@ -155,7 +158,6 @@ def _steps(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, coun
     writes = ((cells, zero, au, su, abu, dp), (cells, zero, ai, si, abi, dq),
               (bias_cells, d, abu, sbu, abu, dbu), (bias_cells, d, abi, sbi, abi, dbi))
     tau = hp[SGLD_TAU]
-    noisy = tau > 0.0   # SGLD's noisy writes (see sketch_learn)
     noise_std = np.sqrt(k * hp[LR] * tau) if tau > 0.0 else 0.0
     slot_noise_std = np.sqrt(hp[LR] * tau) if tau > 0.0 else 0.0
     clock = np.uint64(counters[LEARNED] + counters[SKIPPED_CLIP] + counters[SKIPPED_DIVERGED])
@@ -217,7 +219,7 @@ def _steps(store, per_coordinate, per_id, ukeys, ikeys, ratings, hp, stats, coun
             if per_id is not None:
                 adagrad_id_scale(id_sums.cells if w < 2 else id_sums.bias_cells, id_sums.heavy, slot,
                                  w // 2, baddr, delta, hp[LR], hp[ACC0])
-            if not noisy:
+            if sgld is None:   # pruned before compiling when the argument is None (sketch_learn)
                 write_plain(target, fvectors, slot, offset, addr, sign, delta)
             else:
                 write_slot_or_cells(target, fvectors, slot, offset, addr, sign, delta, noise_std,
