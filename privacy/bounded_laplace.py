@@ -11,8 +11,9 @@ import math
 
 import numpy as np
 from numpy.typing import ArrayLike
+from scipy.special import expm1, gammainc
 
-from sketchrec.privacy.mechanisms import _as_output, _check_rng, _positive, _real, _size, _special
+from sketchrec.privacy.mechanisms import _as_output, _check_rng, _positive, _real, _size
 
 __all__ = ["BoundedLaplace"]
 
@@ -61,7 +62,6 @@ class BoundedLaplace:
         # scale (C close to 0) keeps its relative precision
         s = (np.asarray(value, dtype=float) - self.lower) / b
         t = (self.upper - np.asarray(value, dtype=float)) / b
-        expm1 = _special().expm1
         return -0.5 * (expm1(-s) + expm1(-t))
 
     def privacy_loss_bound(self, b: float) -> float:
@@ -125,7 +125,6 @@ class BoundedLaplace:
         b = self.scale
         xc = np.clip(x, self.lower, self.upper)
         # Laplace(r, b) mass in [l, xc], split at r: each half is (1 - e^{-dist/b})/2
-        expm1 = _special().expm1
         below = 0.5 * (expm1(-(r - np.minimum(xc, r)) / b) - expm1(-(r - self.lower) / b))
         above = -0.5 * expm1(-(np.maximum(xc, r) - r) / b)
         mass = np.where(xc <= r, below, -0.5 * expm1(-(r - self.lower) / b) + above)
@@ -140,7 +139,6 @@ class BoundedLaplace:
         r = self._value(value)
         b = self.scale
         s, t = (r - self.lower) / b, (self.upper - r) / b
-        gammainc = _special().gammainc
         shift = 0.5 * b * (gammainc(2, t) - gammainc(2, s)) / self._c(r, b)
         return _as_output(r + shift)
 
@@ -151,7 +149,6 @@ class BoundedLaplace:
         b = self.scale
         s, t = (r - self.lower) / b, (self.upper - r) / b
         c = self._c(r, b)
-        gammainc = _special().gammainc
         m1 = 0.5 * b * (gammainc(2, t) - gammainc(2, s)) / c
         m2 = b * b * (gammainc(3, s) + gammainc(3, t)) / c
         return _as_output(m2 - m1 * m1)

@@ -24,6 +24,7 @@ from numbers import Real
 
 import numpy as np
 from numpy.typing import ArrayLike
+from scipy.special import log_ndtr, ndtr, ndtri
 
 __all__ = [
     "Laplace",
@@ -34,14 +35,6 @@ __all__ = [
 
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
 _SQRT2 = math.sqrt(2.0)
-
-
-def _special():
-    """scipy.special, imported at first use: every process that imports the privacy tier (each
-    serving reader, consumer and fleet member) would otherwise pay for it at start, while only a
-    service that draws, debiases or calibrates these mechanisms calls it (as scipy.optimize, below)."""
-    from scipy import special
-    return special
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,8 +141,7 @@ def analytic_gaussian_delta(sigma: float, *, epsilon: float, sensitivity: float)
     a = d / (2.0 * s) - eps * s / d
     b = -d / (2.0 * s) - eps * s / d
     # exp(eps) * Phi(b) in log space: for large eps exp(eps) overflows while Phi(b) underflows
-    special = _special()
-    return float(special.ndtr(a) - np.exp(eps + special.log_ndtr(b)))
+    return float(ndtr(a) - np.exp(eps + log_ndtr(b)))
 
 
 class Gaussian(_Additive):
@@ -226,7 +218,7 @@ class Gaussian(_Additive):
 
     def cdf(self, x: ArrayLike) -> float | np.ndarray:
         x = np.asarray(x, dtype=float)
-        return _as_output(_special().ndtr(x / self.sigma))
+        return _as_output(ndtr(x / self.sigma))
 
     def sample(self, size: int | tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
         return _check_rng(rng).normal(0.0, self.sigma, _size(size))
@@ -268,7 +260,7 @@ class Huber(_Additive):
         self.y1 = self._tail_w / (a * self.normaliser)
         self.y2 = 1.0 - self.y1
         self.core_probability = self._core_mass / self.normaliser  # p_c of the mixture sampler
-        self._phi_minus_a = float(_special().ndtr(-a))
+        self._phi_minus_a = float(ndtr(-a))
 
     def __repr__(self) -> str:
         return f"Huber(epsilon={self.epsilon!r}, sensitivity={self.sensitivity!r})"
@@ -299,7 +291,7 @@ class Huber(_Additive):
         with np.errstate(under="ignore"):
             # x <= -a: e^{a(x + a/2)}/(a Z), written as e^{-a^2/2} e^{a(x+a)} to avoid overflow
             tail = self._tail_w * np.exp(a * (np.minimum(t, -a) + a)) / (a * z)
-        core = self.y1 + _SQRT_2PI / z * (_special().ndtr(t) - self._phi_minus_a)
+        core = self.y1 + _SQRT_2PI / z * (ndtr(t) - self._phi_minus_a)
         lower = np.where(t <= -a, tail, core)
         return _as_output(np.where(x <= 0, lower, 1.0 - lower))
 
@@ -323,7 +315,7 @@ class Huber(_Additive):
             # erf^-1 near +-1 loses all precision for large alpha
             mid = (y >= self.y1) & (y <= self.y2)
             q = np.minimum(y, 1.0 - y)
-            core = _special().ndtri(self._phi_minus_a + (q - self.y1) * z / _SQRT_2PI)
+            core = ndtri(self._phi_minus_a + (q - self.y1) * z / _SQRT_2PI)
             out = np.where(mid, np.where(y <= 0.5, core, -core), out)
             # branch 3, y in (y2, 1]: CORRECTED upper tail (see docstring), = -F^-1(1 - y)
             high = (y > self.y2) & (y <= 1.0)
@@ -341,7 +333,7 @@ class Huber(_Additive):
         # |core| is a half-normal truncated to [0, a]: invert Phi on [Phi(-a), 1/2] (lower half,
         # where ndtri is accurate) and negate
         u = rng.random(shape)
-        core_mag = -_special().ndtri(self._phi_minus_a + u * (0.5 - self._phi_minus_a))
+        core_mag = -ndtri(self._phi_minus_a + u * (0.5 - self._phi_minus_a))
         tail_mag = a + rng.exponential(1.0 / a, shape)
         sign = np.where(rng.random(shape) < 0.5, -1.0, 1.0)
         return sign * np.where(is_core, core_mag, tail_mag)
