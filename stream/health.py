@@ -34,6 +34,7 @@ log = logging.getLogger("sketchrec.events")
 BROKER_LOST_AFTER = 5.0    # seconds without a broker connection
 POLL_STALE_AFTER = 10.0    # seconds since the learning loop last polled
 STALL_AFTER = 10.0         # seconds of messages waiting with none learned
+SILENT_REST_S = 0.8        # a consumer's wait between polls while no broker answers (rest_if_silent)
 
 
 def kv(event: str, **fields) -> str:
@@ -100,6 +101,28 @@ class Health:
             self.connected, self.lost_since = True, None
         elif self.lost_since is None:   # an outage under way keeps its start and first reason
             self.broker_lost(why, since)
+
+    def rest_if_silent(self, idle: bool, stop) -> None:
+        """After an ``idle`` poll (nothing read) in an outage under way for over ``2 * SILENT_REST_S``
+        (not a start-up's first connect): wait ``SILENT_REST_S`` or until ``stop`` is set.
+        kafka-python's poll busy-loops on its unanswered requests for its whole timeout while no
+        broker answers: a consumer polling on would spend a core on a paused broker.
+
+        >>> class Stop:
+        ...     waited = []
+        ...     def wait(self, seconds): self.waited.append(seconds)
+        >>> h = Health(); h.broker_lost("gone", since=time.monotonic() - 60)
+        >>> h.rest_if_silent(True, Stop()); h.rest_if_silent(False, Stop()); Stop.waited
+        [0.8]
+        >>> Health().rest_if_silent(True, Stop()); Stop.waited   # a broker answering: no wait
+        [0.8]
+        >>> new = Health(); new.broker_lost("gone"); new.rest_if_silent(True, Stop()); Stop.waited
+        [0.8]
+        """
+        lost = self.lost_since   # (the last example: an outage just begun, a start-up's connect)
+        if idle and self.connected is False and lost is not None \
+                and time.monotonic() - lost > 2 * SILENT_REST_S:
+            stop.wait(SILENT_REST_S)
 
     def broker_lost(self, error: str, since: float | None = None) -> None:
         self.connected, self.last_error = False, error

@@ -201,6 +201,7 @@ class KafkaLearner:
                     self._lost(exc)
                     continue
                 self._watch(records)
+                self.health.rest_if_silent(records == {}, self.stop)   # kafka-python spins then
                 self.after_poll()
                 # a set-aside batch (None) is data; joining a group is not idleness
                 if records is None or records or not self.consumer.assignment():
@@ -261,11 +262,10 @@ class KafkaLearner:
         self.health.progress(self.taken, messages_behind(self.consumer))
         was, since = self.health.connected, self.health.lost_since   # polled() clears it
         contact = broker_contact(self.consumer)
-        connected = contact.answering
-        self.health.polled(connected, contact.why, contact.since)
-        if connected and was is False:
+        self.health.polled(contact.answering, contact.why, contact.since)
+        if contact.answering and was is False:
             log_event("connect", after_s=round(time.monotonic() - since, 1) if since else "-")
-        elif not connected and was is not False:
+        elif not contact.answering and was is not False:
             log_event("lose", logging.WARNING, error=self.health.last_error)
 
     def after_poll(self) -> None:
