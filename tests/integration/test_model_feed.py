@@ -107,5 +107,6 @@ def test_an_idle_replica_reader_waits_at_the_broker_instead_of_asking_again(kafk
         metrics = reader.consumer.metrics()["consumer-fetch-manager-metrics"]
     finally:
         reader.close()
-    assert metrics["fetch-latency-avg"] >= feed_reader.FETCH_WAIT_MS / 2   # ms: the broker held them
+    # ms: the broker held a fetch for the wait (a topic's first fetch may be answered at once)
+    assert metrics["fetch-latency-max"] >= 0.9 * feed_reader.FETCH_WAIT_MS
     assert feed_reader.FETCH_WAIT_MS < 1000 * SILENT_AFTER / 2
