@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="publish this member's delta every MS milliseconds")
     fleet.add_argument("--sync-ratings", type=int, metavar="N",
                        help="... or after N ratings, whichever comes first (replicas drift apart "
-                       "the more each learns alone: see docs/scaling.md). Default: 2,000 ratings "
-                       "over the other members, at least 500, shorter from three members on while a "
+                       "the more each learns alone: see docs/scaling.md). Default: two members 4,000; "
+                       "from three on 2,000 ratings over the other members, at least 500, shorter while a "
                        "few items take most ratings; a DP-SGD fleet: 2,000 in whole --dp-batch "
                        "batches (a lone member: 10,000). N fixes the interval: no pacing, no "
                        "rounding to batches")

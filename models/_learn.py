@@ -122,8 +122,8 @@ def look_ahead(fkeys, ffamilies, fcounts, fvectors, cells, bias_cells, ukeys, ik
 @njit(nogil=True, cache=True)
 def _steps(store, per_coordinate, per_id, sgld, ukeys, ikeys, ratings, hp, stats, counters, out_pred,
            side_work, work):
-    # every array borrowed (module docstring); the sums and the history under new names: numba
-    # prunes the branches of a None argument only while the argument is never assigned
+    # every array borrowed (module docstring); the sums under new names: numba prunes the
+    # branches of a None argument only while the argument is never assigned
     store = borrow_store(store)
     history = store.implicit
     implicit_on = history.owners.shape[0] > 0   # the term is on (see sketch_learn)

@@ -84,16 +84,27 @@ def agreeing_predictions(ports, pairs, headers: dict | None = None, tol: float =
     server's agree within ``tol`` or ``timeout`` seconds pass, and returned (the caller asserts
     they agree). A fleet replica refreshes its held slots' rows when it settles, at its first idle
     poll after its last apply: answers read in that moment may differ by what collisions moved,
-    and agree once every replica settled. A replica that dropped a delta never agrees."""
+    and agree once every replica settled. A replica that dropped a delta never agrees. An answer
+    other than 200 (a 503 while a restarted process loads its model) is read again, until the
+    timeout, when it fails the test with its status and body."""
     import numpy as np
 
     def read(port):
-        return np.array([http.get(f"http://127.0.0.1:{port}/predict", params={"user": u, "item": i},
-                                  headers=headers, timeout=30).json()["rating"] for u, i in pairs])
+        ratings = []
+        for u, i in pairs:
+            r = http.get(f"http://127.0.0.1:{port}/predict", params={"user": u, "item": i},
+                         headers=headers, timeout=30)
+            if r.status_code != 200:
+                return r
+            ratings.append(r.json()["rating"])
+        return np.array(ratings)
     deadline = time.monotonic() + timeout
     while True:
         answers = [read(p) for p in ports]
-        if all(np.max(np.abs(a - answers[0])) < tol for a in answers[1:]) or time.monotonic() > deadline:
+        refused = [(p, a) for p, a in zip(ports, answers) if not isinstance(a, np.ndarray)]
+        if refused:
+            assert time.monotonic() < deadline, [(p, a.status_code, a.text[:300]) for p, a in refused]
+        elif all(np.max(np.abs(a - answers[0])) < tol for a in answers[1:]) or time.monotonic() > deadline:
             return answers
         time.sleep(0.5)
 

@@ -37,7 +37,7 @@ _WALKED = ("vectors", "biases")
 # between two refreshes of every held slot's row (the refresh hashes every held id's cells: on a
 # fleet member it cost more than learning, py-spy). A fleet member sets its own from its sync
 # interval (``refresh_every``, ``pace.full_refresh_ratings``); this is what that gives at the
-# default intervals
+# default intervals of three members or more (two members sync half as often: twice this)
 FULL_REFRESH_RATINGS = 16_000
 
 
