@@ -208,27 +208,39 @@ def test_ctrl_c_prints_the_partial_summary_and_exits_130(tmp_path):
     assert "INTERRUPTED" in err and "ratings learned" in err
 
 
-def test_an_interrupted_served_replay_stops_its_server_before_it_exits(monkeypatch, capsys):
+INTERRUPTED_SERVED_REPLAY = """
+import json, sys, threading
+from sketchrec.cli import replay_main
+from sketchrec.replay import protocols
+prequential = protocols.prequential
+
+def interrupted_after_two_batches(model, batches, *args, **kwargs):
+    def stream():
+        for n, batch in enumerate(batches):
+            if n == 2:
+                raise KeyboardInterrupt
+            yield batch
+    return prequential(model, stream(), *args, **kwargs)
+
+protocols.prequential = interrupted_after_two_batches
+before = set(threading.enumerate())
+code = replay_main(json.loads(sys.argv[1]))
+left = [t.name for t in set(threading.enumerate()) - before if t.name == "http"]
+print(json.dumps({"code": code, "http_threads_left": left}))
+"""
+
+
+def test_an_interrupted_served_replay_stops_its_server_before_it_exits():
     """A server thread left running into the interpreter's exit crashed the process (uvloop's timer
-    called into a finalized interpreter: SIGSEGV instead of exit code 130, now and then)."""
-    import threading
-
-    from sketchrec.replay import protocols
-    prequential = protocols.prequential
-
-    def interrupted_after_two_batches(model, batches, *args, **kwargs):
-        def stream():
-            for n, batch in enumerate(batches):
-                if n == 2:
-                    raise KeyboardInterrupt
-                yield batch
-        return prequential(model, stream(), *args, **kwargs)
-
-    monkeypatch.setattr(protocols, "prequential", interrupted_after_two_batches)
-    before = set(threading.enumerate())
-    assert replay_main([*SMALL, "--batch-size", "500", "--serve", "127.0.0.1:0", "--workers", "1"]) == 130
-    assert "INTERRUPTED" in capsys.readouterr().out
-    assert not [t.name for t in set(threading.enumerate()) - before if t.name == "http"]
+    called into a finalized interpreter: SIGSEGV instead of exit code 130, now and then). In a
+    fresh interpreter: run in the test process after the capability table's in-process serving
+    cells, the served replay met closed standard streams ("I/O operation on closed file")."""
+    argv = [*SMALL, "--batch-size", "500", "--serve", "127.0.0.1:0", "--workers", "1"]
+    out = subprocess.run([sys.executable, "-c", INTERRUPTED_SERVED_REPLAY, json.dumps(argv)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "INTERRUPTED" in out.stdout
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 130, "http_threads_left": []}
 
 
 def test_interrupted_protocols_report_what_was_learned():
