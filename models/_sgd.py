@@ -196,7 +196,7 @@ def locate_in_sketch(cells, bias_cells, salts, bsalts, key, addr, sign, baddr, b
 @njit(inline="always", cache=True)
 def unpack(store):
     """The store's arrays as plain locals, each family's salts apart: a kernel takes them once
-    before its loop (tuple fields or views read per rating made predictions 1.6x slower)."""
+    before its loop (tuple fields or views read per rating made predictions much slower)."""
     salts, bias_salts, init_salts = store.salts, store.bias_salts, store.init_salts
     keys, families, counts, vectors = store.heavy
     return (store.cells, store.bias_cells, salts[USER], salts[ITEM], bias_salts[USER],

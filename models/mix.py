@@ -12,7 +12,7 @@ Games", ch. 3), and the average of several members is often below all of them.
 
 Memory: the members' own, side by side; ``capacity`` and ``space_gain`` are handed to every
 member that takes them, so each sketch is sized as it would be alone and the total is their sum
-(``nbytes``: about 1.2x one factor model with the defaults, see README "Defaults"). The privacy
+(``nbytes``, compared with one factor model's in docs/results.md). The privacy
 modes (DP-SGD, SGLD, loss clipping) use one learner (``SketchMF``), never a combination.
 
 >>> m = Experts(capacity=40)
@@ -41,12 +41,12 @@ from sketchrec.models.sketch_mf import SketchMF
 MEMBER_CLASSES = {"BiasBaseline": BiasBaseline, "SketchMF": SketchMF}
 
 # the default members (measured on ML-100k, ml-latest-small and the change-point stream, see
-# README "Defaults"): the forgetting bias baseline, and a factor model with AdaGrad steps (one sum
+# docs/results.md): the forgetting bias baseline, and a factor model with AdaGrad steps (one sum
 # per id), large and lightly regularised in one pass (the best single learner of one pass
 # everywhere measured); over several passes (``plan_epochs``) smaller and regularised more, which
 # the multi-epoch grid chose on a split of the training part of both MovieLens sets (lr 0.1 reg
-# 0.12: it over-fits at 0.2 / 0.02). The thesis's SGD learner, a member before, gained at most
-# 0.0008 anywhere measured once these settings came, for more than half of the time.
+# 0.12: it over-fits at 0.2 / 0.02). The thesis's SGD learner, a member before, gained next to
+# nothing anywhere measured once these settings came, for more than half of the time.
 DEFAULT_MEMBERS = (
     {"model": "BiasBaseline"},
     {"model": "SketchMF", "optimizer": "adagrad-id", "lr": 0.2, "reg": 0.02,

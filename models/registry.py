@@ -1,7 +1,7 @@
 """The model classes by name, and the defaults the commands and experiments share.
 
 ``MODELS`` maps the class name a checkpoint records (``model_class``) to the class.
-``DEFAULTS`` are read from ``SketchMF.__init__`` (tuned on ML-100k, see README "Defaults"), so
+``DEFAULTS`` are read from ``SketchMF.__init__`` (tuned on ML-100k, see docs/defaults.md), so
 they cannot drift from the model; ``DP_DEFAULTS`` are DP-SGD's own, tuned separately.
 
 >>> DEFAULTS["dim"], DP_DEFAULTS["dim"]
@@ -33,7 +33,7 @@ MIX_FACTOR_MEMBER: dict = next(m for m in DEFAULT_MEMBERS if m["model"] == "Sket
 
 # one sketch learner with AdaGrad steps (--model sketch --optimizer adagrad): its eta is
 # AdaGrad's, and lr 0.2 / reg 0.085 was the best of a grid over ML-100k and ml-latest-small that
-# also holds up over 20 holdout epochs (README "Defaults")
+# also holds up over 20 holdout epochs (docs/results.md, "Defaults: how they were chosen")
 ADAGRAD_DEFAULTS: dict[str, float] = {**DEFAULTS, "lr": 0.2, "reg": 0.085}
 
 # DP-SGD was tuned on its own (d, lr, reg); it keeps no heavy-hitter filter (membership in it is

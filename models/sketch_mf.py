@@ -37,8 +37,8 @@ class SketchMF(FactorizationModel):
 
     The bias sketch is ``bias_width = ceil(width k / d)`` wide (= capacity / gamma): biases carry
     much of the signal in ratings data and cost only k/d of the vectors' memory (1/8 at d=32, k=4),
-    so they get k times the per-row room the vectors have (measured on ML-100k: holdout RMSE
-    0.9325 -> 0.9265 at gamma=1 against the narrower ceil(capacity / (gamma k))).
+    so they get k times the per-row room the vectors have (a lower ML-100k holdout RMSE at gamma=1
+    than the narrower ceil(capacity / (gamma k))).
 
     ``heavy_fraction`` of the vectors' memory holds exact slots (vector + bias) for the heaviest users
     and items (``sketches.heavy_filter``; default 0.7, and 0 in the privacy modes); ``heavy_slots``

@@ -9,7 +9,7 @@ Salts are stacked by hash family (``USER`` = 0, ``ITEM`` = 1): ``store.salts[fam
 family's (depth x light_dim) table, a contiguous view.
 
 The kernels read the store's fields once, before their loops, into plain local arrays
-(``models._sgd.unpack``): a tuple field or view read per rating made predictions 1.6x slower.
+(``models._sgd.unpack``): a tuple field or view read per rating made predictions much slower.
 """
 
 from __future__ import annotations

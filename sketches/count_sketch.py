@@ -48,7 +48,7 @@ def locate(salts, key, width, addr, sign):
 def gather_mean(cells, addr, sign, out):
     """out[l] = mean_j sign[j,l] * cells[j, addr[j,l]] (eq. 4.1/4.2)."""
     # row by row, components inner: the k*d loads are independent within a row, so the CPU keeps
-    # many in flight (35% faster per rating than components outer; same sums in the same order)
+    # many in flight (faster per rating than components outer; same sums in the same order)
     k, d = addr.shape
     for l in range(d):
         out[l] = 0.0

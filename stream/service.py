@@ -143,7 +143,7 @@ class LearningService:
                                                            figures["private_mean_rmse"])}
 
     def warm_up(self) -> None:
-        """Compile the prediction kernels (numba; ~10 s on a cold cache) before answering: until
+        """Compile the prediction kernels (numba; seconds on a cold cache) before answering: until
         then /predict and /recommend answer 503 at once instead of blocking, and /healthz says why."""
         self.health.ready = False
         try:

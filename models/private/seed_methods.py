@@ -16,7 +16,7 @@
 Privacy: these follow the seeds as published. The seeds derive no sensitivity for the ALS / IRLS
 updates (the right-hand side U_j^T x_j scales with ||u_i||, which nothing bounds) and assume
 Delta = 5: the epsilon those mechanisms are calibrated to is the seeds' nominal figure, not a
-proven bound for the released factors (see README). BLP-MoG's guarantee is the local one of its
+proven bound for the released factors (docs/privacy/). BLP-MoG's guarantee is the local one of its
 input perturbation (``privacy.ldp``).
 All learners share ``fit(users, items, ratings)`` and ``predict(users, items)`` on id arrays.
 """

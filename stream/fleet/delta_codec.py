@@ -74,7 +74,7 @@ def _moved(now, base, where, idx, values):
         w = k if where is None else where[k]
         change = now[w] - base[w]
         moved = change != 0
-        # no branch (3.5x faster where most entries moved): written at n, kept if it moved
+        # no branch (faster where most entries moved): written at n, kept if it moved
         idx[n], values[n] = w, change
         base[w] = now[w] if moved else base[w]
         n += moved

@@ -18,7 +18,7 @@ orders would then hold different ids, and different values, in their slots. In f
   S + estimate, refreshed by the replica (``models.replica.ModelReplica.ready``): at every take
   and apply, or, deferred (a fleet member), where an apply moved S at once and everywhere every
   few takes and applies and when the replica settles: O(held x depth x light_dim) in one
-  compiled pass, ~0.3 ms for ML-100k's held slots at d = 64. Admitted ids get theirs at once.
+  compiled pass. Admitted ids get theirs at once.
 
 So the cells, each held id's S and the membership are the same function of the set of applied
 deltas on every replica (up to float rounding), and so is every prediction after a refresh.

@@ -45,13 +45,13 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-POPULAR_S = 1.0   # the popular list (2-3 ms to rank and encode for 1,000 items) is refreshed this often
+POPULAR_S = 1.0   # the popular list (the dearest part to rank and encode) is refreshed this often
 
 
 class Publisher:
     """The document readers take (catalogue, LDP map, figures, and every ``POPULAR_S`` the
     popular list, which readers keep meanwhile), built every ``PUBLISH_S`` by the learner's
-    publisher thread: about 0.4 ms for ML-100k (1 ms with the popular list)."""
+    publisher thread."""
 
     def __init__(self, service):
         self.service, self._ranked_at = service, -math.inf
