@@ -72,15 +72,25 @@ class NativeReader:
         })
         self.tp = confluent_kafka.TopicPartition(topic, 0, position)
         self.consumer.assign([self.tp])
+        self._error = None   # a broker's error met after records: raised at the next poll
 
     def poll(self, timeout_ms: int) -> list[Record]:
         """The records that have arrived (waiting up to ``timeout_ms`` for the first); a broker's
-        error on the partition raises (a caller retries as after any failed read)."""
+        error on the partition raises (a caller retries as after any failed read). The client has
+        moved past every message ``consume`` handed over, so the records that came with an error
+        are returned all the same and the error raised at the next poll: none is skipped."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise self._errors.KafkaException(error)
         out = []
         for msg in self.consumer.consume(MAX_RECORDS, timeout_ms / 1000.0):
             if msg.error() is not None:
-                raise self._errors.KafkaException(msg.error())
-            out.append(Record(msg.offset(), msg.value(), msg.headers() or []))
+                self._error = self._error or msg.error()
+            else:
+                out.append(Record(msg.offset(), msg.value(), msg.headers() or []))
+        if not out and self._error is not None:
+            error, self._error = self._error, None
+            raise self._errors.KafkaException(error)
         return out
 
     def end_offset(self, timeout: float = 30.0) -> int:

@@ -11,7 +11,9 @@ only of what was learned, so no checkpoint and no fleet delta covers them. A ``k
 them and whoever resumes the partition consumes them again; a rebalance drops them (the partition
 is sought back to where the book stands); a stream that paused (``IDLE_SECONDS`` without a
 message) has them learned in a partial step. The accounting does not change: each rating is in
-exactly one noisy step, and stream positions, never contents, cut the steps.
+exactly one noisy step, and the steps are cut by the messages' counts of valid ratings and by
+pauses, which a replace-one neighbour (the ledger's relation for a stream pass, whose length is
+public) leaves as they are.
 
 >>> from types import SimpleNamespace as Msg
 >>> rows = [Msg(value=b"1,2,4", offset=n, headers=[]) for n in range(7)]
