@@ -243,8 +243,10 @@ class FleetLearner(KafkaLearner):
             every = self.hot.bound(base, members)
         # the held slots' full refresh follows the interval, not a hot item's shortening of it
         self.tracker.refresh_every(full_refresh_ratings(base, members))
-        # composed moves: this member's share of the ratings is about its share of the partitions
-        self.tracker.fleet_size(len(partitions) / len(held) if held and not self.alone else 1)
+        # composed moves: this member's share of the ratings is about its share of the partitions.
+        # Never a DP fleet's: a scale set from raw per-item counts is no post-processing of noised steps
+        composed = held and not self.alone and self.service.fleet.dp is None
+        self.tracker.fleet_size(len(partitions) / len(held) if composed else 1)
         self.chunk_ratings = self.book.every = every
 
     def checkpoint(self, why: str, blocking_commit: bool = True, refresh: bool = True) -> bool:

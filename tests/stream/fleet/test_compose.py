@@ -108,15 +108,19 @@ def test_a_member_composes_at_its_share_of_the_partitions():
 
     from sketchrec.stream.fleet.member import FleetLearner
 
-    def told(held: set, partitions: int = 6) -> float:
+    def told(held: set, partitions: int = 6, dp: dict | None = None) -> float:
         sizes = []
         member = SimpleNamespace(
             consumer=SimpleNamespace(partitions_for_topic=lambda topic: set(range(partitions)),
                                      assignment=lambda: [SimpleNamespace(partition=p) for p in held]),
             topic="t", sync_ratings=500, by_size=True, dp_batch=None,
             hot=SimpleNamespace(bound=lambda every, members: every), book=SimpleNamespace(),
-            tracker=SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=sizes.append))
+            tracker=SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=sizes.append),
+            service=SimpleNamespace(fleet=SimpleNamespace(dp=dp)))
         FleetLearner._pace(member)
         return sizes[-1]
     assert told({0, 1}) == 3.0 and told({5}) == 6.0 and told({0, 1}, 5) == 2.5
     assert told(set(range(6))) == 1
+    # a DP fleet's members never compose: a scale from raw per-item counts would not be
+    # post-processing of their noised steps
+    assert told({0, 1}, dp={"unit": "rating"}) == 1
