@@ -248,7 +248,7 @@ def own_broker(tmp_path):
         yield broker
 
 
-LEARNERS = ("sketch", "adagrad", "dense", "mix")
+LEARNERS = ("sketch", "adagrad", "dense", "mix", "sgld")
 
 
 def learner(name: str):
@@ -257,7 +257,10 @@ def learner(name: str):
     from sketchrec.models.mix import Experts
     return {"sketch": lambda: SketchMF(dim=4, capacity=16, seed=0),
             "adagrad": lambda: SketchMF(dim=4, capacity=16, optimizer="adagrad"),
-            "dense": lambda: DenseMF(dim=4), "mix": lambda: Experts(capacity=16)}[name]()
+            "dense": lambda: DenseMF(dim=4), "mix": lambda: Experts(capacity=16),
+            # SGLD's noisy writes are a kernel of their own (models._learn): compiled here once, not
+            # by two workers at once in the first tests of the privacy modes that use it
+            "sgld": lambda: SketchMF(dim=4, capacity=16, sgld_temperature=0.01)}[name]()
 
 
 def compile_kernels(names: tuple[str, ...] = LEARNERS) -> None:
@@ -335,7 +338,7 @@ def _compile_beside(log: Path) -> None:
     cache index, and one could name the other's file."""
     import sys
     child_code = ("import sys; sys.path.insert(0, sys.argv[1]); import conftest; "
-                  "conftest.compile_consumer_kernels(); conftest.compile_kernels(('dense',)); "
+                  "conftest.compile_consumer_kernels(); conftest.compile_kernels(('dense', 'sgld')); "
                   "sys.stdin.readline(); conftest.compile_fleet_kernels(); "
                   "sys.stdin.readline(); conftest.compile_fleet_kernels(conftest.FLEET_OPTIONS)")
     with log.open("wb") as err:
