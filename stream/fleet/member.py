@@ -60,6 +60,8 @@ FEED_WAIT_MS = 1   # among others: after a publish, wait this long for their del
 class FleetLearner(KafkaLearner):
     """One member of a fleet (see the module docstring). ``service`` comes from ``open_replica``."""
 
+    dp_batch: int | None = None   # ratings per noisy step of a DP fleet's model (set at start)
+
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
                  model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
                  sync_ratings: int | None = None, max_poll_records: int = 20_000, **kw):
@@ -245,7 +247,7 @@ class FleetLearner(KafkaLearner):
         self.tracker.refresh_every(full_refresh_ratings(base, members))
         # composed moves: this member's share of the ratings is about its share of the partitions.
         # Never a DP fleet's: a scale set from raw per-item counts is no post-processing of noised steps
-        composed = held and not self.alone and self.service.fleet.dp is None
+        composed = held and not self.alone and self.dp_batch is None   # dp_batch: a DP fleet's
         self.tracker.fleet_size(len(partitions) / len(held) if composed else 1)
         self.chunk_ratings = self.book.every = every
 

@@ -113,14 +113,13 @@ def test_a_member_composes_at_its_share_of_the_partitions():
         member = SimpleNamespace(
             consumer=SimpleNamespace(partitions_for_topic=lambda topic: set(range(partitions)),
                                      assignment=lambda: [SimpleNamespace(partition=p) for p in held]),
-            topic="t", sync_ratings=500, by_size=True, dp_batch=None,
+            topic="t", sync_ratings=500, by_size=True, dp_batch=dp and dp["batch"],
             hot=SimpleNamespace(bound=lambda every, members: every), book=SimpleNamespace(),
-            tracker=SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=sizes.append),
-            service=SimpleNamespace(fleet=SimpleNamespace(dp=dp)))
+            tracker=SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=sizes.append))
         FleetLearner._pace(member)
         return sizes[-1]
     assert told({0, 1}) == 3.0 and told({5}) == 6.0 and told({0, 1}, 5) == 2.5
     assert told(set(range(6))) == 1
     # a DP fleet's members never compose: a scale from raw per-item counts would not be
     # post-processing of their noised steps
-    assert told({0, 1}, dp={"unit": "rating"}) == 1
+    assert told({0, 1}, dp={"batch": 500}) == 1
