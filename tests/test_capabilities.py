@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -152,7 +153,12 @@ def _replay_cycle(kind, axis, value, argv, tmp_path) -> None:
         return
     assert run.service is not None and result["checkpoint"]
     assert kind_of(run.model) == ("dp-fallback" if kind == "dp-fallback" or config.dp.enabled else kind)
-    ranked, _ = run.service.recommender.recommend(users[0], 5)
+    rec, deadline = run.service.recommender, time.monotonic() + 30
+    # the served item snapshot may lag the catalogue by its refresh period (by design): rebuilt
+    # here first, so that the ranking below sees every item learned
+    while len(rec.item_snapshot().ids) != len(rec.catalogue) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranked, _ = rec.recommend(users[0], 5)
     assert len(ranked) == 5
     from sketchrec.stream.serving.joint import open_checkpoint   # the read replica's way in
     replica = open_checkpoint(tmp_path / "ck")
