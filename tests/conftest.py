@@ -118,19 +118,9 @@ def free_port() -> int:
 def wait_healthy(base: str, proc=None, timeout: float = 300.0, log: Path | None = None) -> None:
     """Until ``base``/healthz answers 200: a server answers 503 while its model loads and its kernels
     compile (minutes on a cold cache and a busy machine), and /predict answers 503 until then too.
-    Fails at once, with the log's tail, if ``proc`` ends first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{base} ended with {proc.returncode} before it was healthy"
-                                 + (f":\n{log.read_text()[-2000:]}" if log is not None else ""))
-        try:
-            if http.get(f"{base}/healthz", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{base} was not healthy within {timeout} s")
+    Fails at once, with the log's tail, if ``proc`` ends first (``wait_for``)."""
+    wait_for(lambda: http.get(f"{base}/healthz", timeout=5).status_code == 200, f"{base} healthy",
+             proc, log, timeout)
 
 
 def _listed(things) -> list:

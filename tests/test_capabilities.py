@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from sketchrec.cli.config import ReplayConfig
 from sketchrec.cli.options import Refused
 from sketchrec.models.capabilities import AXES, KINDS, Ask, cell, kind_of, refusals
 from sketchrec.privacy.mode import PrivacyMode
+from conftest import wait_for
 
 SYNTHETIC = ["--synthetic-ratings", "600", "--synthetic-users", "40", "--synthetic-items", "30"]
 SYNTH = [*SYNTHETIC, "--seed", "1", "--capacity", "200", "--batch-size", "200", "--quiet", "--json",
@@ -153,11 +153,11 @@ def _replay_cycle(kind, axis, value, argv, tmp_path) -> None:
         return
     assert run.service is not None and result["checkpoint"]
     assert kind_of(run.model) == ("dp-fallback" if kind == "dp-fallback" or config.dp.enabled else kind)
-    rec, deadline = run.service.recommender, time.monotonic() + 30
+    rec = run.service.recommender
     # the served item snapshot may lag the catalogue by its refresh period (by design): rebuilt
     # here first, so that the ranking below sees every item learned
-    while len(rec.item_snapshot().ids) != len(rec.catalogue) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(rec.item_snapshot().ids) == len(rec.catalogue), "the item snapshot",
+             timeout=30, every=0.05)
     ranked, _ = rec.recommend(users[0], 5)
     assert len(ranked) == 5
     from sketchrec.stream.serving.joint import open_checkpoint   # the read replica's way in
