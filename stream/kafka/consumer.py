@@ -225,15 +225,20 @@ class KafkaLearner:
 
     def _drained(self) -> bool:
         """Has every assigned partition been read to its end (the last stable offset: this
-        consumer reads committed messages only)? True when the broker cannot say, so that an idle
-        consumer of an unreachable broker still exits; a lag is logged once."""
+        consumer reads committed messages only)? False when the broker cannot say: a broker too
+        loaded to answer in time is the case a stalled fetch is too, and ending there would leave
+        the rest to a later run; an unreachable broker's consumer still exits, after
+        LAG_PATIENCE. A lag is logged once."""
         tps = list(self.consumer.assignment())
         try:
             ends = self.consumer.end_offsets(tps, timeout_ms=2_000)
             behind = {tp.partition: ends[tp] - self.consumer.position(tp, timeout_ms=2_000)
                       for tp in tps}
-        except Exception:  # noqa: BLE001 - any failure to ask: the old rule (idle is the end)
-            return True
+        except Exception as exc:  # noqa: BLE001 - any failure to ask: not known to be drained
+            if not self._lag_logged:
+                log_event("idle_lag", messages_behind="unknown", why=f"{type(exc).__name__}: {exc}")
+            self._lag_logged = True
+            return False
         behind = {p: n for p, n in sorted(behind.items()) if n > 0}
         if behind and not self._lag_logged:
             log_event("idle_lag", messages_behind=behind)

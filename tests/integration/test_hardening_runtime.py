@@ -163,12 +163,16 @@ def test_an_idle_exit_waits_for_a_stalled_fetch_while_partitions_have_messages(k
                                                                               tmp_path, caplog):
     """Before: no message for idle_exit seconds ended the run even with messages left on an
     assigned partition (a fetch stalled on a loaded broker); the rest was learned only by the next
-    run, if any. The stall is injected: the real consumer's polls come back empty for 3 s."""
+    run, if any. The stall is injected: the real consumer's polls come back empty for 3 s, and for
+    the first half of it the broker is too slow to say where the partitions end (which once also
+    counted as drained)."""
+    from kafka.errors import KafkaTimeoutError
     topic = f"stall-{uuid.uuid4().hex[:8]}"
     _send(kafka_bootstrap, topic, _valid(2000))
     service = _service(tmp_path)
     learner = KafkaLearner(service, kafka_bootstrap, topic, checkpoint_every=10_000)
     real_poll, stalled_until = learner.consumer.poll, time.monotonic() + 3.0
+    real_ends = learner.consumer.end_offsets
 
     def stalled(*args, **kwargs):
         if time.monotonic() < stalled_until:
@@ -176,7 +180,13 @@ def test_an_idle_exit_waits_for_a_stalled_fetch_while_partitions_have_messages(k
             time.sleep(0.2)
             return {}
         return real_poll(*args, **kwargs)
+
+    def slow_ends(*args, **kwargs):
+        if time.monotonic() < stalled_until - 1.5:
+            raise KafkaTimeoutError("the broker did not answer in time (forced by the test)")
+        return real_ends(*args, **kwargs)
     learner.consumer.poll = stalled
+    learner.consumer.end_offsets = slow_ends
     with caplog.at_level(logging.INFO, logger="sketchrec"):
         learner.run(idle_exit=1)
     assert service.ratings_learned == 2000

@@ -27,9 +27,16 @@ def consume_cmd(bootstrap, topic, ckpt, *extra):
             "--exit-when-idle", "3", *extra]
 
 
-def run_to_end(cmd, timeout: float = 300) -> dict:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
+def run_to_end(cmd, timeout: float = 300, log: Path | None = None) -> dict:
+    """Run ``cmd`` to its end: its summary (the last line it printed). Its log goes to ``log`` when
+    given (kept when it overruns ``timeout``), else it is read from a pipe."""
+    if log is None:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    with log.open("w") as err:
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout)
+    assert out.returncode == 0, log.read_text()[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -137,15 +144,18 @@ def crash_three_times_then_finish(kafka_bootstrap: str, topic: str, ckpt) -> dic
     # rating exactly once over the runs is the claim; a lost or doubled rating still fails it.
     # A finishing run that has not exited after 150 s is killed (one more crash, which the claim
     # covers) and the next one resumes: seen once under load, a run that did not exit when idle.
-    final = {"ratings_learned": None}
-    for _ in range(4):
+    # Each run's log is kept, and shown when the runs together fall short.
+    final, logs, deadline = {"ratings_learned": None}, [], time.monotonic() + 480
+    while time.monotonic() < deadline:
+        logs.append(Path(str(ckpt) + f"-finish-{len(logs)}.err"))
         try:
-            final = run_to_end(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}"), timeout=150)
+            final = run_to_end(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}"), timeout=150,
+                               log=logs[-1])
         except subprocess.TimeoutExpired:
             continue
         if final["ratings_learned"] >= KILL_N:
             break
-    assert final["ratings_learned"] == KILL_N
+    assert final["ratings_learned"] == KILL_N, "\n".join(f"{p.name}: {p.read_text()[-2000:]}" for p in logs)
     assert final["skipped"] == {}
     assert sum(final["offsets"].values()) == KILL_N
     return final
