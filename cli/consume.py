@@ -241,14 +241,16 @@ def consume_main(argv: list[str] | None = None) -> int:
     on_stop_signal(learner.stop.set)
     print(f"consuming {config.topic} from {config.bootstrap}; resumed at {service.ratings_learned:,} "
           f"ratings, offsets {service.offsets}", file=sys.stderr, flush=True)
-    learner.run(idle_exit=config.exit_when_idle)
-    stats = service.stats()
-    print(json.dumps({"model": config.model.kind,
-                      **{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "checkpoint",
-                                               "prequential_rmse")}, "privacy": service.privacy()},
-                     default=float), flush=True)
-    if server is not None:
-        server.stop()
+    try:
+        learner.run(idle_exit=config.exit_when_idle)
+        stats = service.stats()
+        print(json.dumps({"model": config.model.kind,
+                          **{k: stats[k] for k in ("ratings_learned", "skipped", "offsets", "checkpoint",
+                                                   "prequential_rmse")}, "privacy": service.privacy()},
+                         default=float), flush=True)
+    finally:  # the server's threads are stopped on an error too: left to the interpreter's exit,
+        if server is not None:   # they run on while it tears the modules down under them
+            server.stop()
     if not learner.last_checkpoint_ok:
         print(f"{PROG}: the final checkpoint could not be written ({service.health.checkpoint_error}); "
               "what was learned since the last one is consumed again on restart", file=sys.stderr)
