@@ -13,7 +13,8 @@ poll takes what has arrived from its queue in one C call.
   the client's connections (``kafka.contact.broker_contact`` needs kafka-python's internals).
 
 Both read partition 0 of the topic from a given offset, read committed, and return ``Record`` objects
-in offset order.
+in offset order; ``seek`` sets where the next poll reads (``ModelFeed.poll`` after an error: the
+clients move past whatever a fetch handed over, taken or not).
 
 >>> Record(3, b"", [("sketchrec.delta", b"{}")]).offset
 3
@@ -93,6 +94,14 @@ class NativeReader:
             raise self._errors.KafkaException(error)
         return out
 
+    def seek(self, position: int) -> None:
+        """Read from ``position`` next (what a fetch brought past it is read again). Assigned
+        afresh, which works whatever the fetcher's state (a seek needs the partition fetching);
+        an error pending from a fetch is dropped with the fetch: read again, it raises again."""
+        self._error = None
+        self.tp = self._errors.TopicPartition(self.tp.topic, 0, position)
+        self.consumer.assign([self.tp])
+
     def end_offset(self, timeout: float = 30.0) -> int:
         """The offset after the topic's last message now (read committed)."""
         return self.consumer.get_watermark_offsets(self.tp, timeout=timeout, cached=False)[1]
@@ -126,6 +135,10 @@ class PythonReader:
 
     def poll(self, timeout_ms: int) -> list:
         return self.consumer.poll(timeout_ms=timeout_ms).get(self.tp, [])
+
+    def seek(self, position: int) -> None:
+        """Read from ``position`` next (kafka-python drops what it fetched for other offsets)."""
+        self.consumer.seek(self.tp, position)
 
     def end_offset(self, timeout: float = 30.0) -> int:
         return self.consumer.end_offsets([self.tp])[self.tp]

@@ -96,15 +96,40 @@ def encode_meta(member: str, seq: int, covers: dict[int, tuple[int, int]], error
 
 
 def decode_meta(headers) -> dict | None:
-    """The delta header of a message, or None when it is not a delta message."""
+    """The delta header of a message, or None when it is not a delta message (no such header, or
+    another version's); ValueError (one line) for a delta header that is not JSON or lacks what
+    a delta's holds (every replica then refuses the message alike).
+
+    >>> decode_meta([(HEADER, b'{"v": 1, "member": "a", "seq": 0, "covers": {"0": [0, 5]}}')])["covers"]
+    {'0': [0, 5]}
+    >>> decode_meta([(HEADER, b'{"v": 1, "member": "a", "seq": 0, "covers": [0, 5]}')])
+    Traceback (most recent call last):
+    ValueError: delta header: covers is not {partition: [from, to]}
+    """
     for key, value in headers or []:
         if key == HEADER:
             try:
                 meta = json.loads(value)
             except ValueError:
+                raise ValueError("delta header: not JSON") from None
+            if not isinstance(meta, dict) or meta.get("v") != VERSION:
                 return None
-            return meta if isinstance(meta, dict) and meta.get("v") == VERSION else None
+            _check_meta(meta)
+            return meta
     return None
+
+
+def _check_meta(meta: dict) -> None:
+    """ValueError unless ``meta`` holds the fields ``FleetState`` reads, of the types it reads."""
+    covers = meta.get("covers")
+    if not (isinstance(covers, dict) and all(
+            isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) for r in covers.values())):
+        raise ValueError("delta header: covers is not {partition: [from, to]}")
+    if type(meta.get("seq", 0)) is not int or not isinstance(meta.get("claims") or [], list):
+        raise ValueError("delta header: seq or claims malformed")
+    for name in ("errors", "skipped", "origin"):
+        if not isinstance(meta.get(name) or {}, dict):
+            raise ValueError(f"delta header: {name} is not an object")
 
 
 @dataclass
@@ -175,7 +200,7 @@ class FleetState:
         self.refused += 1
         if self.dp is None:
             return
-        for p in meta["covers"]:
+        for p in meta.get("covers") or {}:   # (none readable in a malformed header)
             tag = f"{meta.get('member')}/{p}"
             if tag not in self.charged:
                 self.charged.append(tag)
@@ -231,11 +256,20 @@ class ModelFeed:
         self.bytes_read = 0
 
     def poll(self, timeout_ms: int = 0) -> int:
-        """Apply what has arrived; the number of messages read."""
+        """Apply what has arrived; the number of messages read. Each record's outcome depends on
+        the records before it only, never on where a fetch ended: a message that is not a good
+        delta of this model is refused (``_take``), and whatever else a poll raises (the broker's
+        errors, or an error not of the record's making while taking one) leaves the reader at
+        ``state.position``, the message after the last one taken, so a retry skips nothing."""
         n = 0
-        for msg in self.reader.poll(timeout_ms):
-            self._take(msg)
-            n += 1
+        try:
+            for msg in self.reader.poll(timeout_ms):
+                self._take(msg)
+                n += 1
+        except Exception:
+            # the reader has moved past every record the fetch handed over, taken or not
+            self.reader.seek(self.state.position)
+            raise
         return n
 
     def catch_up(self, timeout: float = 60.0) -> None:
@@ -258,26 +292,41 @@ class ModelFeed:
             self.poll(200)
 
     def _take(self, msg) -> None:
-        meta = decode_meta(msg.headers)
+        try:
+            meta = decode_meta(msg.headers)
+        except ValueError as exc:
+            self._refuse(msg, {}, str(exc))
+            return
         if meta is None or self.state.duplicate(meta):  # not a delta, or a retry's copy
             self.state.position = msg.offset + 1
             return
         mine = meta.get("member") == self.state.member
         if not self.state.accepts(meta):
-            self.state.refuse(meta)
-            self.state.position = msg.offset + 1
-            log_event("delta_refused", logging.WARNING, offset=msg.offset, member=meta.get("member"),
-                      covers=json.dumps(meta["covers"], separators=(",", ":")))
+            self._refuse(msg, meta, "its offsets do not continue its partitions' coverage by their owner")
             if mine:
                 raise Fenced(f"this member's delta at model offset {msg.offset} covers offsets "
                              "another member had already covered; its replica must be rebuilt")
             return
         if not mine and msg.value:
-            self.apply(msg.value)
+            try:
+                self.apply(msg.value)
+            except ValueError as exc:
+                # not a delta of this model, or applied already: the same verdict at every replica
+                # (they share the first snapshot's model). A member's own delta is its model's,
+                # so it is settled unread (it is in its replica already)
+                self._refuse(msg, meta, str(exc))
+                return
         self.bytes_read += len(msg.value or b"")
         self.state.settle(meta, msg.offset)
         if meta.get("origin") and self.on_origin is not None:
             self.on_origin()
+
+    def _refuse(self, msg, meta: dict, why: str) -> None:
+        """A message that counts nowhere: one line, counted (``state.refuse``), read past."""
+        self.state.refuse(meta)
+        self.state.position = msg.offset + 1
+        log_event("delta_refused", logging.WARNING, offset=msg.offset, member=meta.get("member"),
+                  covers=json.dumps(meta.get("covers"), separators=(",", ":")), why=why)
 
     def close(self) -> None:
         self.reader.close()

@@ -54,6 +54,23 @@ def test_native_reader_reads_what_kafka_python_reads(kafka_bootstrap):
     assert all(k == HEADER for r in got for k, _ in r[2])
 
 
+def test_both_readers_read_again_from_where_they_are_sought(kafka_bootstrap):
+    """After a poll has moved a reader past records (``ModelFeed.poll`` after an error), ``seek``
+    makes the next polls read them again, and only from there."""
+    topic = f"feed-seek-{uuid.uuid4().hex[:6]}.model"
+    ensure_fleet_topics(kafka_bootstrap, topic)
+    values = _publish(kafka_bootstrap, topic)
+    for reader in (NativeReader, PythonReader):
+        reader = reader(kafka_bootstrap, topic, 0, MAX_MESSAGE_BYTES)
+        got = []
+        for _ in range(200):
+            got += [r.offset for r in reader.poll(100)]
+            if len(got) >= len(values):
+                break
+        reader.seek(2)
+        assert [r[0] for r in _read(reader, 3)] == [2, 3, 4]
+
+
 def test_native_reader_asks_an_input_partitions_beginning(kafka_bootstrap):
     topic, model = f"feed-in-{uuid.uuid4().hex[:6]}", f"feed-{uuid.uuid4().hex[:6]}.model"
     ensure_topic(kafka_bootstrap, topic, 2)

@@ -1,0 +1,223 @@
+"""A model-topic record's outcome depends on the record sequence only, never on where a fetch ended
+(``stream.fleet.model_topic.ModelFeed`` over either reader of ``stream.fleet.feed_reader``): a
+message that is not a good delta of this model is refused (one line, counted, read past) wherever
+it falls in a poll, and an error that is not the record's leaves the reader where a retry skips
+nothing. The readers' clients are stubs over a list of messages that move past what each fetch
+hands over, as librdkafka and kafka-python do; the fetch size varies the poll boundaries."""
+
+import json
+
+import confluent_kafka
+import kafka
+import numpy as np
+import pytest
+
+from sketchrec.models import SketchMF
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.stream.fleet.feed_reader import NativeReader, PythonReader, Record
+from sketchrec.stream.fleet.model_topic import HEADER, FleetState, ModelFeed, encode_meta
+from sketchrec.stream.fleet.tracker import DeltaTracker
+from sketchrec.stream.recommender import Recommender
+from sketchrec.synthetic import SyntheticStream
+
+READERS = ("native", "python")
+FETCHES = (1, 2, 3, 10)   # records per fetch: where each poll ends
+
+
+class _NativeMessage:
+    def __init__(self, record: Record):
+        self.record = record
+
+    def error(self):
+        return None
+
+    def offset(self):
+        return self.record.offset
+
+    def value(self):
+        return self.record.value
+
+    def headers(self):
+        return self.record.headers
+
+
+class _Client:
+    """A client over ``records`` from its position: each fetch hands over up to ``fetch`` of them
+    and moves past them; a fetch numbered in ``fail`` moves past its records and raises instead
+    (the way a client's poll loses what it drained before an error)."""
+
+    def __init__(self, records, fetch, fail=()):
+        self.records, self.fetch, self.fail, self.pos, self.fetches = records, fetch, set(fail), 0, 0
+
+    def _next(self) -> list[Record]:
+        got = [r for r in self.records if r.offset >= self.pos][:self.fetch]
+        self.pos = got[-1].offset + 1 if got else self.pos
+        self.fetches += 1
+        if self.fetches in self.fail:
+            raise self.error("the broker went away mid-fetch")
+        return got
+
+
+class _NativeClient(_Client):
+    error = staticmethod(lambda why: confluent_kafka.KafkaException(
+        confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT, why)))
+
+    def consume(self, n, timeout):
+        return [_NativeMessage(r) for r in self._next()]
+
+    def assign(self, tps):
+        self.pos = tps[0].offset
+
+
+class _PythonClient(_Client):
+    error = kafka.errors.KafkaConnectionError
+
+    def poll(self, timeout_ms):
+        got = self._next()
+        return {kafka.TopicPartition("t.model", 0): got} if got else {}
+
+    def seek(self, tp, position):
+        self.pos = position
+
+
+def _feed(kind: str, records, fetch: int, apply, fail=()) -> ModelFeed:
+    if kind == "native":
+        reader = NativeReader.__new__(NativeReader)
+        reader._errors, reader._error = confluent_kafka, None
+        reader.tp = confluent_kafka.TopicPartition("t.model", 0, 0)
+        reader.consumer = _NativeClient(records, fetch, fail)
+    else:
+        reader = PythonReader.__new__(PythonReader)
+        reader.tp = kafka.TopicPartition("t.model", 0)
+        reader.consumer = _PythonClient(records, fetch, fail)
+    feed = ModelFeed.__new__(ModelFeed)
+    feed.state, feed.apply, feed.on_origin, feed.bytes_read = FleetState(member="m2"), apply, None, 0
+    feed.reader, feed.consumer = reader, reader.consumer
+    return feed
+
+
+def _drain(feed: ModelFeed) -> int:
+    """Poll as a member does until a poll without error finds nothing: an error is an outage
+    (``FleetLearner._read_feed`` reads again after it). The number of polls that raised."""
+    failed = 0
+    for _ in range(100):
+        try:
+            if feed.poll(0) == 0:
+                return failed
+        except Exception:  # noqa: BLE001 - as the member: counted as an outage, read again
+            failed += 1
+    raise AssertionError("the feed never reached the end")
+
+
+def _record(offset: int, member: str, seq: int, covers: dict, value: bytes, header: bytes | None = None):
+    meta = header or encode_meta(member, seq, covers, ErrorStats(n=1, sq=1.0, abs=1.0), {})
+    return Record(offset, value, [(HEADER, meta)])
+
+
+def _recommender(dim: int = 16) -> Recommender:
+    return Recommender(SketchMF(capacity=120, dim=dim, seed=0), pair_capacity=4_000, user_capacity=500)
+
+
+@pytest.fixture(scope="module")
+def deltas():
+    """Two deltas of member m1 and one of m3, whose model is configured differently (dim 8)."""
+    data = SyntheticStream(600, n_users=60, n_items=40, seed=0).all()
+    m1, m3 = _recommender(), _recommender(dim=8)
+    t1, t3 = DeltaTracker(m1, member="m1"), DeltaTracker(m3, member="m3")
+    out = []
+    for rows in (slice(0, 300), slice(300, 600)):
+        m1.learn_many(data.users[rows], data.items[rows], data.ratings[rows])
+        out.append(t1.take())
+    m3.learn_many(data.users[:300], data.items[:300], data.ratings[:300])
+    return out[0], t3.take(), out[1]
+
+
+def _replica(kind: str, records, fetch: int):
+    """A fresh replica (member m2, m1's configuration) that read ``records``: its feed, its tracker."""
+    tracker = DeltaTracker(_recommender(), member="m2")
+    feed = _feed(kind, records, fetch, tracker.apply)
+    assert _drain(feed) == 0   # a bad record is no error of the poll's
+    return feed, tracker
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_a_delta_of_another_model_is_refused_and_the_next_one_applied_wherever_the_fetch_ends(kind, deltas, caplog):
+    """The reviewer's sequence: m1#1, a delta of a differently configured model, m1#2, then an
+    empty poll. On either reader, whatever the fetch size, m1#2 is applied, the bad delta refused
+    and counted (one line), and the replicas end identical. (Before, the apply's ValueError ended
+    the poll: m1#2 was lost when it came in the same fetch, and the refusal was never counted.)"""
+    first, foreign, second = deltas
+    records = [_record(0, "m1", 0, {0: (0, 300)}, first), _record(1, "m3", 0, {1: (0, 300)}, foreign),
+               _record(2, "m1", 1, {0: (300, 600)}, second)]
+    states, cells = [], []
+    for fetch in FETCHES:
+        caplog.clear()
+        feed, tracker = _replica(kind, records, fetch)
+        assert tracker.applied == {"m1": 2}
+        assert feed.state.refused == 1 and feed.state.position == 3 and feed.state.covered == {"0": 600}
+        refusals = [r.getMessage() for r in caplog.records if "delta_refused" in r.getMessage()]
+        assert len(refusals) == 1 and "differently configured" in refusals[0] and "offset=1" in refusals[0]
+        states.append(feed.state.to_dict())
+        cells.append(tracker.rec.model.vectors.cells.copy())
+    assert all(s == states[0] for s in states)
+    assert all(np.array_equal(c, cells[0]) for c in cells)
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_a_delta_applied_already_and_a_malformed_header_are_refused_alike(kind, deltas):
+    """m1#1 again under a fresh header (the tracker has applied it: ValueError) and a header whose
+    covers are not ranges: both refused and counted on every fetch size, and what follows them
+    still counts."""
+    first, _, second = deltas
+    bad_header = json.dumps({"v": 1, "member": "m4", "seq": 0, "covers": {"3": 7}}).encode()
+    records = [_record(0, "m1", 0, {0: (0, 300)}, first), _record(1, "m1", 1, {2: (0, 9)}, first),
+               _record(2, "m4", 0, {}, b"x", header=bad_header), _record(3, "m1", 2, {0: (300, 600)}, second)]
+    states = []
+    for fetch in FETCHES:
+        feed, tracker = _replica(kind, records, fetch)
+        assert tracker.applied == {"m1": 2} and feed.state.refused == 2
+        assert feed.state.covered == {"0": 600} and feed.state.position == 4
+        states.append(feed.state.to_dict())
+    assert all(s == states[0] for s in states)
+
+
+def _good(n: int) -> list[Record]:
+    """``n`` deltas of two members, each continuing its partition's coverage."""
+    return [_record(k, f"m{3 + k % 2}", k // 2, {k % 2: (10 * (k // 2), 10 * (k // 2 + 1))}, b"d%d" % k)
+            for k in range(n)]
+
+
+@pytest.mark.parametrize("kind", READERS)
+@pytest.mark.parametrize("fetch", [2, 3])
+def test_a_transport_error_mid_poll_loses_nothing(kind, fetch, monkeypatch):
+    """A client that moves past a fetch's records and then raises, and an apply that fails once
+    for a reason not the record's (not a ValueError): the polls that raised are read again from
+    the last record taken, and every delta is applied exactly once. The broken variant (a reader
+    that does not seek back, the old behaviour) loses the fetch's records."""
+    records = _good(8)
+
+    def run(seek: bool) -> tuple[list[bytes], int]:
+        applied, failing = [], [b"d5"]
+
+        def apply(blob):
+            if blob in failing:
+                failing.remove(blob)
+                raise OSError("out of file handles")
+            applied.append(blob)
+        feed = _feed(kind, records, fetch, apply, fail=[2])
+        if not seek:
+            monkeypatch.setattr(feed.reader, "seek", lambda position: None)
+        return applied, _drain(feed)
+
+    assert run(seek=True) == ([r.value for r in records], 2)   # 2: the fetch's error and the apply's
+    assert len(run(seek=False)[0]) < len(records)   # the old behaviour: records skipped
+
+
+def test_an_error_pending_from_a_fetch_is_dropped_by_a_seek():
+    """librdkafka: records that came with a broker's error are handed over and the error kept for
+    the next poll; a seek starts the fetch afresh, so the next poll reads from the position."""
+    feed = _feed("native", _good(4), 10, lambda blob: None)
+    reader = feed.reader
+    reader._error = confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT)
+    reader.seek(2)
+    assert [r.offset for r in reader.poll(0)] == [2, 3]
