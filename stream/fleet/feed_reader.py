@@ -28,7 +28,15 @@ from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 MAX_RECORDS = 500   # per poll: a poll applies what it returns before the member learns on
-FETCH_WAIT_MS = 500   # the read-only replica's fetch wait at the broker (kafka-python's default)
+# How long a fetch may wait at the broker when nothing has arrived (``fetch.wait.max.ms``): the
+# reader's and the broker's CPU while the topic is quiet, against how late a delta is handed over.
+# A broker may hold a waiting fetch past a delta's arrival (Tansu, the test broker, does: deltas
+# came later the longer the wait; docs/fleet.md). The read-only replica only serves: a delta a
+# fraction of a second late costs little, and it waits long (kafka-python's default)
+FETCH_WAIT_MS = 500
+# a learning member applies the others' deltas between its chunks: each one handed over late is
+# learned without for more chunks (the drift its sync interval bounds), so its fetches wait briefly
+MEMBER_FETCH_WAIT_MS = 20
 
 
 class Record(NamedTuple):
@@ -64,9 +72,7 @@ class NativeReader:
             "group.id": f"model-reader-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
             "enable.auto.offset.store": False, "isolation.level": "read_committed",
             "enable.partition.eof": False, "check.crcs": False,   # the broker checked them on produce
-            # a fetch the broker answers at once when a delta arrives, else after this wait: the
-            # prefetching thread's cost when nothing comes (a member waits for others' deltas)
-            "fetch.wait.max.ms": 20,
+            "fetch.wait.max.ms": MEMBER_FETCH_WAIT_MS,
             "fetch.message.max.bytes": max_bytes, "fetch.max.bytes": max_bytes,
             "receive.message.max.bytes": max_bytes + (1 << 20),
             "logger": log,   # its connection errors through logging, not raw stderr
@@ -97,7 +103,7 @@ class NativeReader:
     def seek(self, position: int) -> None:
         """Read from ``position`` next (what a fetch brought past it is read again). Assigned
         afresh, which works whatever the fetcher's state (a seek needs the partition fetching);
-        an error pending from a fetch is dropped with the fetch: read again, it raises again."""
+        an error pending from a fetch is dropped with the fetch (a lasting one is met again)."""
         self._error = None
         self.tp = self._errors.TopicPartition(self.tp.topic, 0, position)
         self.consumer.assign([self.tp])
@@ -123,9 +129,9 @@ class PythonReader:
         from sketchrec.stream.kafka.consumer import kafka_config
         self.tp = TopicPartition(topic, 0)
         # no CRC check in Python (the broker checked it on produce). The replica's thread does
-        # nothing but read, so its fetch may wait at the broker: the broker answers it as soon as a
-        # delta arrives, and an idle replica sends a few fetches a second instead of hundreds (its
-        # network thread's CPU). The wait stays well under ``kafka.contact.SILENT_AFTER``.
+        # nothing but read, so its fetch may wait at the broker (FETCH_WAIT_MS): an idle replica
+        # sends a few fetches a second instead of hundreds (its network thread's CPU). The wait
+        # stays well under ``kafka.contact.SILENT_AFTER``.
         self.consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
                                       isolation_level="read_committed", max_poll_records=MAX_RECORDS,
                                       check_crcs=False, fetch_max_wait_ms=FETCH_WAIT_MS,
