@@ -30,7 +30,7 @@ class S3Broker:
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": f"http://127.0.0.1:{s3_port}",
                     "AWS_ALLOW_HTTP": "true"}
         import boto3
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120   # moto's imports: seconds of CPU, more on a loaded machine
         while True:
             try:
                 boto3.client("s3", endpoint_url=self.env["AWS_ENDPOINT"], region_name="us-east-1",

@@ -41,8 +41,9 @@ def serve_cmd(bootstrap, topic, port):
 
 def get(port: int, route: str, **params) -> dict:
     try:
+        # 30 s: a bound on waiting (a busy replica may take seconds), the answer is asserted on
         return http.get(f"http://127.0.0.1:{port}{route}", params=params, headers=AUTH,
-                        timeout=5).json()
+                        timeout=30).json()
     except (httpx.TransportError, ValueError):
         return {}
 
