@@ -88,17 +88,6 @@ def test_a_dp_fleet_is_close_to_one_dp_learner_at_the_same_epsilon(monkeypatch):
     assert np.mean(ratios) < 1.01 and max(ratios) < 1.02 and np.mean(apart) > 1.015, (ratios, apart)
 
 
-def test_four_members_paced_by_their_hot_items_do_not_diverge():
-    """Four members of the bias baseline on a Zipf-skewed stream: at a fixed interval, their moves
-    summed plainly (the broken variant), the members' summed steps overshoot on the popular items
-    and grow every round; as members run (composed, the interval bounded by the hottest item's
-    steps: stream.fleet.pace) the fleet stays close to one learner."""
-    data = SyntheticStream(30_000, n_users=2000, n_items=750, seed=0).all()
-    one = fleet_accuracy.one_learner(data, "bias", 0)
-    assert fleet_accuracy.fleet(data, "bias", 4, 666, seed=0, paced=False, composed=False) / one > 1.5
-    assert fleet_accuracy.fleet(data, "bias", 4, seed=0) / one < 1.02
-
-
 @pytest.mark.parametrize("every", [666, 2000])
 def test_four_members_composed_stay_close_to_one_learner_at_a_fixed_interval(every):
     """Four unpaced members of the bias baseline on the Zipf-skewed stream: each member scales its
@@ -112,10 +101,19 @@ def test_four_members_composed_stay_close_to_one_learner_at_a_fixed_interval(eve
     assert composed < 1.03 and plain > 1.2, (composed, plain)
 
 
-def test_four_members_of_the_default_learner_paced_stay_close_to_one_learner():
-    data = SyntheticStream(60_000, n_users=4000, n_items=1500, seed=0).all()
-    one = fleet_accuracy.one_learner(data, "mix", 0)
-    assert fleet_accuracy.fleet(data, "mix", 4, seed=0) / one < 1.025
+def test_four_members_paced_by_their_hot_items_stay_closer_to_one_learner():
+    """Four members of the default learner on a strongly skewed stream (Zipf 1.4), at the default
+    interval: the factor member's SGD and AdaGrad steps are not composed, so between two syncs
+    each member moves the hottest items' vectors as if alone, and the replicas add the four moves.
+    Paced (a member syncs before its hottest item takes more than its share of steps:
+    stream.fleet.pace), the fleet stays close to one learner; the broken variant, unpaced with
+    its moves composed, is off by about twice as much (on every seed measured, with three to
+    eight members, it stayed off without diverging: docs/fleet.md)."""
+    data = SyntheticStream(60_000, n_users=4000, n_items=1500, skew=1.4, seed=1).all()
+    one = fleet_accuracy.one_learner(data, "mix", 1)
+    paced = fleet_accuracy.fleet(data, "mix", 4, seed=1) / one
+    unpaced = fleet_accuracy.fleet(data, "mix", 4, seed=1, paced=False, composed=True) / one
+    assert paced < 1.016 and unpaced > 1.022, (paced, unpaced)
 
 
 def test_bench_fleet_accuracy_runs_in_process_and_prints_its_report(monkeypatch, capsys, ml100k):
