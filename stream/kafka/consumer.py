@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 # seconds an idle consumer (``run(idle_exit=...)``) still waits for assigned partitions that have
 # messages it has not read (then it exits anyway, the lag logged)
 LAG_PATIENCE = 30.0
+# the group session: a member that stops heartbeating (killed, even halfway through joining) is
+# evicted after it, and its partitions go to the others in the rebalance that follows
+SESSION_MS, HEARTBEAT_MS = 6000, 1000
+# an idle member holding part of the topic exits only after holding it this long: a dead member
+# that holds the rest is evicted within a session, and its partitions come to the members left
+GROUP_SETTLE = (SESSION_MS + 2 * HEARTBEAT_MS) / 1000
 
 
 def kafka_config(bootstrap: str) -> dict:
@@ -96,7 +102,7 @@ class KafkaLearner:
         self.consumer = KafkaConsumer(
             **config, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed",
-            max_poll_records=max_poll_records, session_timeout_ms=6000, heartbeat_interval_ms=1000,
+            max_poll_records=max_poll_records, session_timeout_ms=SESSION_MS, heartbeat_interval_ms=HEARTBEAT_MS,
             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
         fast_records.install(self.consumer)   # whole record batches read in one compiled pass
         track_stable_offsets(self.consumer)   # the lag stops at an open transaction (kafka.contact)
@@ -104,6 +110,9 @@ class KafkaLearner:
         self.book = OffsetBook(service.offsets, checkpoint_every, checkpoint_seconds)
         self.whole = WholeBatches.of(service.recommender.model, rating_range)   # DP-SGD: or None
         self.closing = False
+        # a group's rebalance under way (partitions revoked, none assigned yet), and since when
+        # this member holds what it holds: an idle exit waits for both (``_settled``)
+        self.rebalancing, self.assigned_at = False, time.monotonic()
         self.last_checkpoint_ok = True
         self.dead_letters: Counter = Counter()  # set aside since the last checkpoint (for the log)
         self.taken = 0   # messages polled (progress, for the health)
@@ -124,6 +133,7 @@ class KafkaLearner:
 
         class Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked):
+                learner.rebalancing = True
                 learner.forget_held(revoked)
                 # Runs on kafka-python's IO thread, where blocking consumer calls are refused:
                 # the commit after this checkpoint is asynchronous. On our own close the final
@@ -133,6 +143,7 @@ class KafkaLearner:
                     learner.checkpoint("rebalance", blocking_commit=False)
 
             def on_partitions_lost(self, lost):
+                learner.rebalancing = True
                 learner.forget_held(lost)
                 # evicted from the group (a stalled heartbeat): the partitions may have a new
                 # owner already. A fleet member still publishes (its delta counts only if the new
@@ -143,6 +154,7 @@ class KafkaLearner:
                     learner.checkpoint("rebalance", blocking_commit=False)
 
             def on_partitions_assigned(self, assigned):
+                learner.rebalancing, learner.assigned_at = False, time.monotonic()
                 learner.forget_held(assigned)
                 log_event("rebalance", assigned=sorted(tp.partition for tp in assigned))
                 learner.resume_partitions(assigned)
@@ -203,8 +215,8 @@ class KafkaLearner:
                 self._watch(records)
                 self.health.rest_if_silent(records == {}, self.stop)   # kafka-python spins then
                 self.after_poll()
-                # a set-aside batch (None) is data; joining a group is not idleness
-                if records is None or records or not self.consumer.assignment():
+                # a set-aside batch (None) is data; joining a group (or rejoining it) is not idleness
+                if records is None or records or not self.consumer.assignment() or self.rebalancing:
                     if records:
                         self.learn_poll(records)
                     last_data = time.monotonic()
@@ -213,7 +225,8 @@ class KafkaLearner:
                 elif idle_exit is not None and time.monotonic() - last_data > idle_exit:
                     # idle means drained: a fetch that stalls longer than idle_exit (a loaded
                     # broker) while an assigned partition still has messages is not the end
-                    if time.monotonic() - last_data > idle_exit + LAG_PATIENCE or self._drained():
+                    if time.monotonic() - last_data > idle_exit + LAG_PATIENCE or (
+                            self._settled() and self._drained()):
                         break
                 if self.book.expired():
                     self.checkpoint("interval")
@@ -222,6 +235,18 @@ class KafkaLearner:
             self.closing = True
             self.consumer.close(autocommit=False)
             self.producer.close(timeout=10)
+
+    def _settled(self) -> bool:
+        """May an idle member of a group take its assignment as its share of the topic? Not while
+        the group rebalances, nor while it holds part of the topic for less than GROUP_SETTLE: a
+        member killed while it joined keeps the rest until the group evicts it, and the members
+        left are handed its partitions only then. True without a group."""
+        if not self.group:
+            return True
+        if self.rebalancing:
+            return False
+        held, total = len(self.consumer.assignment()), len(self.consumer.partitions_for_topic(self.topic) or ())
+        return held >= total or time.monotonic() - self.assigned_at >= GROUP_SETTLE
 
     def _drained(self) -> bool:
         """Has every assigned partition been read to its end (the last stable offset: this

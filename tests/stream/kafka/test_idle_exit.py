@@ -1,0 +1,40 @@
+"""When may an idle member of a consumer group take its assignment as its share of the topic?"""
+
+import time
+
+from kafka import TopicPartition
+
+from sketchrec.stream.kafka.consumer import GROUP_SETTLE, KafkaLearner
+
+
+class _Consumer:
+    def __init__(self, held: set[int], partitions: set[int]):
+        self.held, self.partitions = held, partitions
+
+    def assignment(self) -> set:
+        return {TopicPartition("t", p) for p in self.held}
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return self.partitions
+
+
+def _learner(group, held, assigned_ago: float, rebalancing: bool = False) -> KafkaLearner:
+    learner = KafkaLearner.__new__(KafkaLearner)   # the rule alone: no broker
+    learner.group, learner.topic, learner.consumer = group, "t", _Consumer(held, {0, 1, 2, 3})
+    learner.assigned_at, learner.rebalancing = time.monotonic() - assigned_ago, rebalancing
+    return learner
+
+
+def test_part_of_the_topic_is_a_share_only_once_held_past_a_session():
+    # a member killed while it joined holds the rest until the group evicts it (one session)
+    assert not _learner("g", {0, 1}, assigned_ago=1.0)._settled()
+    assert _learner("g", {0, 1}, assigned_ago=GROUP_SETTLE + 0.5)._settled()
+
+
+def test_the_whole_topic_is_a_share_at_once_and_without_a_group_always():
+    assert _learner("g", {0, 1, 2, 3}, assigned_ago=0.0)._settled()
+    assert _learner(None, {0}, assigned_ago=0.0)._settled()
+
+
+def test_never_while_the_group_rebalances():
+    assert not _learner("g", {0, 1, 2, 3}, assigned_ago=GROUP_SETTLE + 5, rebalancing=True)._settled()
