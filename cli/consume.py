@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                     f"(default {BROKER_LOST_AFTER:g})")
     ap.add_argument("--exit-when-idle", type=float, metavar="S",
                     help="stop (with a final checkpoint) after S seconds without messages, once "
-                    "every assigned partition is read to its end (a stalled fetch is waited for, "
-                    "up to 30 s more; an unreachable broker is not)")
+                    "every assigned partition is read to its end (a stalled fetch, or a broker that cannot "
+                    "say where the partitions end, is waited for up to 30 s more)")
     ap.add_argument("--capacity", type=int, default=100_000,
                     help="expected distinct users + items: sets the sketch width (with --space-gain)")
     ap.add_argument("--expected-ratings", type=int, default=10_000_000,

@@ -199,12 +199,17 @@ class ServerThread:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True, name="http")
 
-    def start(self, timeout: float = 10.0) -> "ServerThread":
+    def start(self, timeout: float = 120.0) -> "ServerThread":
+        """Run the server's thread; return once it serves. The socket is bound already, so a
+        thread that ends first failed for another reason, and a slow start (a loaded machine,
+        beside the warm-up) is waited for, up to ``timeout``."""
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("HTTP server failed to start (is the port free?)")
+            if not self.thread.is_alive():
+                raise RuntimeError("the HTTP server's thread ended before serving")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server did not start within {timeout:g} s")
             time.sleep(0.02)
         settle_for_serving()
         return self

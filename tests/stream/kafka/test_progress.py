@@ -47,7 +47,9 @@ def test_a_broker_that_does_not_answer_is_lost_from_its_last_answer():
     learner.consumer.hang(ago=6.0)    # 6 s without an answer: lost since then, shown at once
     learner._watch({})
     reasons = learner.health.problems()
-    assert len(reasons) == 1 and reasons[0].startswith("broker unreachable for 6 s (broker not answering")
+    # the figure is whole seconds since the last answer: a pause here (a collection, a loaded
+    # machine) may add one or two
+    assert len(reasons) == 1 and re.match(r"broker unreachable for [6-8] s \(broker not answering", reasons[0])
     learner.consumer.conn.transport.last_read = time.monotonic()   # it answers again
     learner.consumer.conn.in_flight_requests = []
     learner._watch({})
@@ -97,6 +99,6 @@ def test_healthz_asks_the_client_itself_while_the_loop_is_blocked_in_a_step():
     learner.health.probe = lambda: broker_contact(learner.consumer)
     learner.consumer.hang(ago=7.0)            # no _watch since: the loop is blocked
     reasons = learner.health.problems()
-    assert len(reasons) == 1 and reasons[0].startswith("broker unreachable for 7 s (broker not answering")
+    assert len(reasons) == 1 and re.match(r"broker unreachable for [7-9] s \(broker not answering", reasons[0])
     learner.health.probe = None               # a broken variant: judged by the loop alone
     assert learner.health.problems() == []
