@@ -37,6 +37,7 @@ from sketchrec.stream.kafka import identity
 from sketchrec.stream.kafka.contact import broker_contact, messages_behind, track_stable_offsets
 from sketchrec.stream.kafka.intake import finite_errors, read_poll
 from sketchrec.stream.kafka.messages import dead_letter
+from sketchrec.stream.kafka.idle import HEARTBEAT_MS, LAG_PATIENCE, SESSION_MS, IdleShare
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.kafka.whole_batches import IDLE_SECONDS, WholeBatches
 from sketchrec.stream.health import log_event
@@ -46,15 +47,6 @@ from sketchrec.stream.service import LearningService, NoCheckpoint
 from sketchrec.stream.sink import LocalCheckpoints, StateSink, Written, require_sink
 
 log = logging.getLogger(__name__)
-# seconds an idle consumer (``run(idle_exit=...)``) still waits for assigned partitions that have
-# messages it has not read (then it exits anyway, the lag logged)
-LAG_PATIENCE = 30.0
-# the group session: a member that stops heartbeating (killed, even halfway through joining) is
-# evicted after it, and its partitions go to the others in the rebalance that follows
-SESSION_MS, HEARTBEAT_MS = 6000, 1000
-# an idle member holding part of the topic exits only after holding it this long: a dead member
-# that holds the rest is evicted within a session, and its partitions come to the members left
-GROUP_SETTLE = (SESSION_MS + 2 * HEARTBEAT_MS) / 1000
 
 
 def kafka_config(bootstrap: str) -> dict:
@@ -110,9 +102,7 @@ class KafkaLearner:
         self.book = OffsetBook(service.offsets, checkpoint_every, checkpoint_seconds)
         self.whole = WholeBatches.of(service.recommender.model, rating_range)   # DP-SGD: or None
         self.closing = False
-        # a group's rebalance under way (partitions revoked, none assigned yet), and since when
-        # this member holds what it holds: an idle exit waits for both (``_settled``)
-        self.rebalancing, self.assigned_at = False, time.monotonic()
+        self.share = IdleShare(self.consumer, topic, group)   # when an idle run may end
         self.last_checkpoint_ok = True
         self.dead_letters: Counter = Counter()  # set aside since the last checkpoint (for the log)
         self.taken = 0   # messages polled (progress, for the health)
@@ -133,7 +123,7 @@ class KafkaLearner:
 
         class Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked):
-                learner.rebalancing = True
+                learner.share.revoked()
                 learner.forget_held(revoked)
                 # Runs on kafka-python's IO thread, where blocking consumer calls are refused:
                 # the commit after this checkpoint is asynchronous. On our own close the final
@@ -143,7 +133,7 @@ class KafkaLearner:
                     learner.checkpoint("rebalance", blocking_commit=False)
 
             def on_partitions_lost(self, lost):
-                learner.rebalancing = True
+                learner.share.revoked()
                 learner.forget_held(lost)
                 # evicted from the group (a stalled heartbeat): the partitions may have a new
                 # owner already. A fleet member still publishes (its delta counts only if the new
@@ -154,7 +144,7 @@ class KafkaLearner:
                     learner.checkpoint("rebalance", blocking_commit=False)
 
             def on_partitions_assigned(self, assigned):
-                learner.rebalancing, learner.assigned_at = False, time.monotonic()
+                learner.share.assigned()
                 learner.forget_held(assigned)
                 log_event("rebalance", assigned=sorted(tp.partition for tp in assigned))
                 learner.resume_partitions(assigned)
@@ -198,7 +188,7 @@ class KafkaLearner:
         # a fifth of its time with one rating per message (bench.kafka: 140k -> 178k/s)
         freeze_startup()
         last_data = time.monotonic()
-        self._lag_logged = False
+        self.share.lag_logged = False
         try:
             while not self.stop.is_set():
                 if not self.service.recommender.learning.is_set():
@@ -216,7 +206,7 @@ class KafkaLearner:
                 self.health.rest_if_silent(records == {}, self.stop)   # kafka-python spins then
                 self.after_poll()
                 # a set-aside batch (None) is data; joining a group (or rejoining it) is not idleness
-                if records is None or records or not self.consumer.assignment() or self.rebalancing:
+                if records is None or records or not self.consumer.assignment() or self.share.rebalancing:
                     if records:
                         self.learn_poll(records)
                     last_data = time.monotonic()
@@ -226,7 +216,7 @@ class KafkaLearner:
                     # idle means drained: a fetch that stalls longer than idle_exit (a loaded
                     # broker) while an assigned partition still has messages is not the end
                     if time.monotonic() - last_data > idle_exit + LAG_PATIENCE or (
-                            self._settled() and self._drained()):
+                            self.share.settled() and self.share.drained()):
                         break
                 if self.book.expired():
                     self.checkpoint("interval")
@@ -235,40 +225,6 @@ class KafkaLearner:
             self.closing = True
             self.consumer.close(autocommit=False)
             self.producer.close(timeout=10)
-
-    def _settled(self) -> bool:
-        """May an idle member of a group take its assignment as its share of the topic? Not while
-        the group rebalances, nor while it holds part of the topic for less than GROUP_SETTLE: a
-        member killed while it joined keeps the rest until the group evicts it, and the members
-        left are handed its partitions only then. True without a group."""
-        if not self.group:
-            return True
-        if self.rebalancing:
-            return False
-        held, total = len(self.consumer.assignment()), len(self.consumer.partitions_for_topic(self.topic) or ())
-        return held >= total or time.monotonic() - self.assigned_at >= GROUP_SETTLE
-
-    def _drained(self) -> bool:
-        """Has every assigned partition been read to its end (the last stable offset: this
-        consumer reads committed messages only)? False when the broker cannot say: a broker too
-        loaded to answer in time is the case a stalled fetch is too, and ending there would leave
-        the rest to a later run; an unreachable broker's consumer still exits, after
-        LAG_PATIENCE. A lag is logged once."""
-        tps = list(self.consumer.assignment())
-        try:
-            ends = self.consumer.end_offsets(tps, timeout_ms=2_000)
-            behind = {tp.partition: ends[tp] - self.consumer.position(tp, timeout_ms=2_000)
-                      for tp in tps}
-        except Exception as exc:  # noqa: BLE001 - any failure to ask: not known to be drained
-            if not self._lag_logged:
-                log_event("idle_lag", messages_behind="unknown", why=f"{type(exc).__name__}: {exc}")
-            self._lag_logged = True
-            return False
-        behind = {p: n for p, n in sorted(behind.items()) if n > 0}
-        if behind and not self._lag_logged:
-            log_event("idle_lag", messages_behind=behind)
-        self._lag_logged = bool(behind)
-        return not behind
 
     def _hold(self) -> None:
         """Learning is paused: poll with every partition paused, so the group membership stays

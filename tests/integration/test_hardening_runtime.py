@@ -194,7 +194,7 @@ def test_an_idle_exit_waits_for_a_stalled_fetch_while_partitions_have_messages(k
 
 
 def test_an_idle_exit_still_ends_a_run_without_messages(kafka_bootstrap, tmp_path, caplog):
-    from sketchrec.stream.kafka.consumer import LAG_PATIENCE
+    from sketchrec.stream.kafka.idle import LAG_PATIENCE
     topic = f"empty-{uuid.uuid4().hex[:8]}"
     _send(kafka_bootstrap, topic, _valid(10))
     service = _service(tmp_path)

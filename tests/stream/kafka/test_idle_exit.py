@@ -4,7 +4,7 @@ import time
 
 from kafka import TopicPartition
 
-from sketchrec.stream.kafka.consumer import GROUP_SETTLE, KafkaLearner
+from sketchrec.stream.kafka.idle import GROUP_SETTLE, IdleShare
 
 
 class _Consumer:
@@ -18,23 +18,27 @@ class _Consumer:
         return self.partitions
 
 
-def _learner(group, held, assigned_ago: float, rebalancing: bool = False) -> KafkaLearner:
-    learner = KafkaLearner.__new__(KafkaLearner)   # the rule alone: no broker
-    learner.group, learner.topic, learner.consumer = group, "t", _Consumer(held, {0, 1, 2, 3})
-    learner.assigned_at, learner.rebalancing = time.monotonic() - assigned_ago, rebalancing
-    return learner
+def _share(group, held, assigned_ago: float) -> IdleShare:
+    share = IdleShare(_Consumer(held, {0, 1, 2, 3}), "t", group)
+    share.assigned()
+    share.assigned_at -= assigned_ago
+    return share
 
 
 def test_part_of_the_topic_is_a_share_only_once_held_past_a_session():
     # a member killed while it joined holds the rest until the group evicts it (one session)
-    assert not _learner("g", {0, 1}, assigned_ago=1.0)._settled()
-    assert _learner("g", {0, 1}, assigned_ago=GROUP_SETTLE + 0.5)._settled()
+    assert not _share("g", {0, 1}, assigned_ago=1.0).settled()
+    assert _share("g", {0, 1}, assigned_ago=GROUP_SETTLE + 0.5).settled()
 
 
 def test_the_whole_topic_is_a_share_at_once_and_without_a_group_always():
-    assert _learner("g", {0, 1, 2, 3}, assigned_ago=0.0)._settled()
-    assert _learner(None, {0}, assigned_ago=0.0)._settled()
+    assert _share("g", {0, 1, 2, 3}, assigned_ago=0.0).settled()
+    assert _share(None, {0}, assigned_ago=0.0).settled()
 
 
-def test_never_while_the_group_rebalances():
-    assert not _learner("g", {0, 1, 2, 3}, assigned_ago=GROUP_SETTLE + 5, rebalancing=True)._settled()
+def test_never_while_the_group_rebalances_and_again_once_assigned():
+    share = _share("g", {0, 1, 2, 3}, assigned_ago=GROUP_SETTLE + 5)
+    share.revoked()
+    assert not share.settled()
+    share.assigned()
+    assert share.settled()
