@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import agreeing_predictions, free_port, http, stop_processes
+from conftest import agreeing_predictions, http, served_port, stop_processes
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
@@ -87,17 +87,20 @@ def _stats(port) -> dict:
 
 class _Procs:
     def __init__(self, bootstrap, topic, tmp_path):
-        self.bootstrap, self.topic, self.tmp, self.procs = bootstrap, topic, tmp_path, {}
+        self.bootstrap, self.topic, self.tmp, self.procs, self.logs = bootstrap, topic, tmp_path, {}, {}
 
     def start(self, cmd_of) -> int:
-        port = free_port()
-        log = open(self.tmp / f"proc-{port}.log", "w")
-        self.procs[port] = subprocess.Popen(cmd_of(self.bootstrap, self.topic, port), stdout=log,
-                                            stderr=subprocess.STDOUT)
+        """A process serving on a port it binds itself (a port picked here could be taken before
+        the child binds it); its port, once its log says where it serves."""
+        log = self.tmp / f"proc-{len(self.logs)}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(cmd_of(self.bootstrap, self.topic, 0), stdout=out, stderr=subprocess.STDOUT)
+        port = served_port(log, proc)
+        self.procs[port], self.logs[port] = proc, log
         return port
 
     def log(self, port) -> str:
-        return (self.tmp / f"proc-{port}.log").read_text()[-6000:]
+        return self.logs[port].read_text()[-6000:]
 
     def wait(self, condition, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -14,7 +14,7 @@ import uuid
 
 import httpx
 
-from conftest import free_port, http, stop_processes, wait_for
+from conftest import http, served_port, stop_processes, wait_for
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.producer import ensure_topic, produce
 
@@ -81,11 +81,11 @@ def _hang_and_see(broker, ports, procs, logs):
 def test_a_hung_broker_turns_every_reader_503_within_ten_seconds(own_broker, tmp_path):  # noqa: F811
     bootstrap, broker = own_broker
     topic = _topic(bootstrap, "hang", 2000, seed=4)
-    port = free_port()
     proc, log = _start(["consume", "--bootstrap", bootstrap, "--topic", topic, "--group", f"g-{topic}",
                         "--checkpoint", str(tmp_path / "ckpt"), "--expected-ratings", "20000", *MODEL,
-                        "--workers", "2", "--serve", f"127.0.0.1:{port}"], tmp_path, "consume")
+                        "--workers", "2", "--serve", "127.0.0.1:0"], tmp_path, "consume")
     try:
+        port = served_port(log, proc)
         wait_for(lambda: _learned(port, 2000), "2,000 ratings learned", [proc], [log], 300)
         wait_for(lambda: _ok(port), "ok", [proc], [log], 120)
         _hang_and_see(broker, [port], [proc], [log])
@@ -96,18 +96,19 @@ def test_a_hung_broker_turns_every_reader_503_within_ten_seconds(own_broker, tmp
 def test_a_fleet_member_and_its_read_replica_report_a_hung_broker(own_broker, tmp_path):  # noqa: F811
     bootstrap, broker = own_broker
     topic = _topic(bootstrap, "hangfleet", 1000, seed=5)
-    member_port, replica_port = free_port(), free_port()
     member, member_log = _start(["consume", "--bootstrap", bootstrap, "--topic", topic, "--group",
                                  f"g-{topic}", "--fleet", "--sync-ms", "100", "--snapshot-seconds", "2",
                                  "--expected-ratings", "20000", *MODEL, "--workers", "1",
-                                 "--serve", f"127.0.0.1:{member_port}"], tmp_path, "member")
+                                 "--serve", "127.0.0.1:0"], tmp_path, "member")
     procs, logs = [member], [member_log]
     try:
+        member_port = served_port(member_log, member)
         wait_for(lambda: _learned(member_port, 1000), "the member to learn", procs, logs, 300)
         replica, replica_log = _start(["serve", "--bootstrap", bootstrap, "--topic", topic,
-                                       "--listen", f"127.0.0.1:{replica_port}"], tmp_path, "replica")
+                                       "--listen", "127.0.0.1:0"], tmp_path, "replica")
         procs.append(replica)
         logs.append(replica_log)
+        replica_port = served_port(replica_log, replica)
         wait_for(lambda: _learned(replica_port, 1000), "the replica to follow", procs, logs, 300)
         for port in (member_port, replica_port):
             wait_for(lambda port=port: _ok(port), "ok", procs, logs, 120)
