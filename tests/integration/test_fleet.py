@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -21,7 +22,7 @@ import pytest
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
-from conftest import agreeing_predictions, free_port, http, stop_processes
+from conftest import agreeing_predictions, http, served_port, stop_processes
 
 N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 100_000))
 SEND_S = 15.0   # the stream's span: the stalled member's 9 s and its eviction fit inside it
@@ -58,6 +59,8 @@ def send(bootstrap: str, topic: str, data, seconds: float, batch: int = 100) -> 
 
 
 def stats(port: int) -> dict | None:
+    if port < 0:   # a process that serves nothing (``Fleet``)
+        return None
     try:
         return http.get(f"http://127.0.0.1:{port}/stats", timeout=10).json()   # a busy process may take seconds
     except (httpx.TransportError, ValueError):
@@ -69,9 +72,15 @@ def learned(port: int) -> int:
 
 
 class Fleet:
+    """A fleet's processes, addressed by the port each bound itself (port 0, read from its log: a
+    port picked by the test could be taken before the child binds it); one that serves nothing is
+    addressed by a negative number."""
+
     def __init__(self, bootstrap, topic, tmp_path):
         self.bootstrap, self.topic, self.tmp = bootstrap, topic, tmp_path
         self.procs: dict[int, subprocess.Popen] = {}
+        self.logs: dict[int, Path] = {}
+        self.spawned: list[subprocess.Popen] = []
         self.t0 = time.monotonic()
 
     def open(self, data, partitions: int) -> None:
@@ -84,12 +93,24 @@ class Fleet:
         """A line of the test's time line (shown with -s, or when it fails)."""
         print(f"{time.monotonic() - self.t0:6.1f}s {what}", flush=True)
 
-    def start(self, cmd_of) -> int:
-        port = free_port()
-        log = open(self.tmp / f"proc-{port}.log", "w")
-        self.procs[port] = subprocess.Popen(cmd_of(self.bootstrap, self.topic, port),
-                                            stdout=log, stderr=subprocess.STDOUT)
+    def spawn(self, cmd_of) -> tuple[subprocess.Popen, Path]:
+        """A process started (on port 0 if it serves), its log; ``port_of`` addresses it."""
+        log = self.tmp / f"proc-{len(self.spawned)}.log"
+        with log.open("w") as out:
+            self.spawned.append(subprocess.Popen(cmd_of(self.bootstrap, self.topic, 0), stdout=out,
+                                                 stderr=subprocess.STDOUT))
+        return self.spawned[-1], log
+
+    def port_of(self, spawned: tuple[subprocess.Popen, Path], serves: bool = True) -> int:
+        """The port a spawned process bound (once its log says where it serves), or for one that
+        serves nothing a number of its own."""
+        proc, log = spawned
+        port = served_port(log, proc) if serves else -1 - self.spawned.index(proc)
+        self.procs[port], self.logs[port] = proc, log
         return port
+
+    def start(self, cmd_of, serves: bool = True) -> int:
+        return self.port_of(self.spawn(cmd_of), serves)
 
     def launch(self, member_cmd, members: int, replica_cmd=serve_cmd, replicas: int = 1,
                count=learned, members_serve: bool = True,
@@ -99,8 +120,11 @@ class Fleet:
         learned), or every replica when the members serve nothing (a DP fleet). ``timeout`` bounds
         the wait only: a fleet's interpreters starting at once on a loaded machine once took
         over 120 s."""
-        started = [self.start(member_cmd) for _ in range(members)]
-        serving = [self.start(replica_cmd) for _ in range(replicas)]
+        # every process started before any is waited for: they start side by side
+        spawned = [self.spawn(member_cmd) for _ in range(members)]
+        replicas_spawned = [self.spawn(replica_cmd) for _ in range(replicas)]
+        started = [self.port_of(m, members_serve) for m in spawned]
+        serving = [self.port_of(r) for r in replicas_spawned]
         watched = started if members_serve else serving
         self.wait(lambda: all(count(p) > 0 for p in watched), "the first ratings learned", timeout)
         self.mark("first learned")
@@ -113,7 +137,7 @@ class Fleet:
         return [self.procs[p] for p in self.alive()]
 
     def log(self, port, tail: int = 3000) -> str:
-        return (self.tmp / f"proc-{port}.log").read_text()[-tail:]
+        return self.logs[port].read_text()[-tail:]
 
     def wait(self, condition, what: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -130,7 +154,7 @@ class Fleet:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        stop_processes(self.procs.values())
+        stop_processes(self.spawned)
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict:
@@ -206,7 +230,7 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
         fleet.procs[victim].wait()
         fleet.wait(lambda: learned(replica) >= join_at, f"{join_at:,} ratings")
         mark("join")
-        members.append(fleet.start(member_cmd))
+        joining = fleet.spawn(member_cmd)
         # a zombie: a survivor stalled past the group's session timeout (6 s) is evicted, its
         # partitions move on, and it wakes up to publish what it had learned: refused once the
         # new owner's claim is in, it rebuilds its replica and rejoins (it must not die)
@@ -215,6 +239,7 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
         waking = threading.Timer(9.0, fleet.procs[zombie].send_signal, args=(signal.SIGCONT,))
         waking.start()
         mark("stall")
+        members.append(fleet.port_of(joining))   # its port once it serves: after the stall began
         sender.join(timeout=120)
         waking.join()
         live = [p for p in members if p != victim] + [replica]

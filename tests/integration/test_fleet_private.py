@@ -68,7 +68,7 @@ def test_dp_fleet_kill_9_learns_every_rating_once_at_one_epsilon(kafka_bootstrap
         victim = members[np.random.default_rng(3).integers(2)]
         fleet.procs[victim].send_signal(signal.SIGKILL)
         fleet.procs[victim].wait()
-        members.append(fleet.start(member_cmd))   # restarted (a new member id)
+        members.append(fleet.start(member_cmd, serves=False))   # restarted (a new member id)
         sender.join(timeout=60)
         fleet.wait(lambda: all(learned(p) == N for p in replicas), f"{N:,} ratings on every replica", 120)
         figures = [operator_stats(p) for p in replicas]
