@@ -31,8 +31,6 @@ __all__ = ["agreeing_predictions", "data_dir", "data_file", "free_port", "http",
 
 pytest_plugins = ["fixtures.data", "fixtures.broker", "fixtures.kernels", "fixtures.ordering"]
 
-_wait_for_broker = wait_for_broker   # the name test_broker_restart imports
-
 # Property tests draw their examples from a fixed seed (and keep no example database): a run is
 # the same run on every machine and every time, so a failure is never a draw of the day. A test's
 # own @settings inherit this profile and change only what they name.

@@ -13,7 +13,7 @@ import pytest
 
 from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.producer import produce
-from conftest import _wait_for_broker, free_port, http, served_url, wait_for
+from conftest import free_port, http, served_url, wait_for, wait_for_broker
 
 
 class S3Broker:
@@ -53,7 +53,7 @@ class S3Broker:
             self.proc = subprocess.Popen([self.binary, "broker", "--listener-url", url,
                                           "--advertised-listener-url", url, "--storage-engine",
                                           "s3://tansu/"], env=self.env, stdout=subprocess.DEVNULL, stderr=err)
-        _wait_for_broker(self.bootstrap, self.proc, log=self.log)
+        wait_for_broker(self.bootstrap, self.proc, log=self.log)
 
     def stop(self) -> None:
         self.proc.terminate()
