@@ -314,7 +314,7 @@ def test_readers_never_outlive_a_learner_killed_and_a_restart_binds(tmp_path, wh
     proc = _learner(ckpt, port)
     try:
         if when == "a reader starting":   # the first reader exists, its imports not done
-            assert _until(lambda: _readers(proc.pid), 300, 0.005), "no reader started"
+            assert _until(lambda: _readers(proc.pid), 300, 0.05), "no reader started"
         else:
             _ready(proc, port)
         os.kill(proc.pid, signal.SIGKILL)
@@ -383,7 +383,8 @@ def test_a_stop_during_worker_start_up_ends_quietly(tmp_path, how):
     port = free_port()
     proc = _learner(_checkpoint(tmp_path), port, start_new_session=True)
     try:
-        assert _until(lambda: _readers(proc.pid), 300, 0.005), "no reader started"
+        # every 50 ms: a reader's imports take far longer, and each look walks /proc
+        assert _until(lambda: _readers(proc.pid), 300, 0.05), "no reader started"
         time.sleep(0.3)   # the readers are importing
         if how == "SIGTERM to the learner":
             os.kill(proc.pid, signal.SIGTERM)
