@@ -150,6 +150,20 @@ class ForwardedFeedback:
                                    "ratings may have been taken, check before sending them again"}
 
 
+def _refusal(acknowledged: int, total: int, concerned: dict, what: str, failed: dict | None = None) -> str:
+    """One line: how many of ``total`` ratings the broker acknowledged, and which users' are
+    ``what`` (a few named; with ``failed`` besides, those users' ratings were not taken)."""
+    def users(keys) -> str:
+        names = [key.decode(errors="replace") for key in keys]
+        return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    error = type(next(iter(concerned.values()))).__name__
+    line = (f"the broker acknowledged {acknowledged} of {total} ratings ({error}); the ratings of "
+            f"users {users(concerned)} were {what}")
+    if failed:
+        line += f"; those of users {users(failed)} were not taken: send them again"
+    return line
+
+
 class DirectFeedback:
     """Learns posted ratings through ``service.recommender`` (see the module docstring).
 
@@ -236,27 +250,36 @@ class KafkaFeedback:
             return self._producer
 
     def take(self, rows: list[tuple]) -> dict:
+        """Produce ``rows``, one message per user, and wait for the broker's acknowledgements.
+        A refusal names the users concerned: 503 when their ratings were definitely not taken
+        (send them again), 504 when no answer came in time (the producer still holds them and
+        may deliver them: check before sending them again, or they would be learned twice)."""
         from kafka.errors import KafkaError
         by_user: dict = {}
         for row in rows:   # one user's ratings stay in order on one partition
             by_user.setdefault(str(row[0]).encode(), []).append(row)
-        acknowledged, failed = 0, None
+        acknowledged, failed, pending = 0, {}, {}
         try:
             producer = self._open()
-            sent = [(producer.send(self.topic, key=key, value=encode_batch(group)), len(group))
+            sent = [(key, producer.send(self.topic, key=key, value=encode_batch(group)), len(group))
                     for key, group in by_user.items()]
-        except KafkaError as exc:
-            sent, failed = [], exc
-        for future, n in sent:   # every user's batch is waited for: the answer counts them all
+        except KafkaError as exc:   # nothing handed to the producer
+            sent, failed = [], {key: exc for key in by_user}
+        for key, future, n in sent:   # every user's batch is waited for: the answer counts them all
             try:
                 future.get(timeout=ACK_TIMEOUT_S)
                 acknowledged += n
             except KafkaError as exc:
-                failed = exc
-        if failed is not None:
-            raise FeedbackRefused(503, f"the broker acknowledged {acknowledged} of {len(rows)} ratings "
-                                  f"({type(failed).__name__}); those are learned once, send the "
-                                  "others again")
+                # get() gave up waiting but the producer goes on (it delivers or expires the
+                # batch on its own): not done is not failed
+                (failed if future.is_done else pending)[key] = exc
+        if pending:
+            raise FeedbackRefused(504, _refusal(
+                acknowledged, len(rows), pending, "not acknowledged in time: they may still be taken, "
+                "check before sending them again", failed))
+        if failed:
+            raise FeedbackRefused(503, _refusal(acknowledged, len(rows), failed,
+                                                "not taken: send them again"))
         return {"produced": len(rows), "topic": self.topic}
 
     def close(self) -> None:
