@@ -120,17 +120,23 @@ def _first_empty(consumer, tp, start: int, snap: Snapshot, timeout: float) -> Sn
 
 
 def _read(consumer, tp, lo: int, hi: int, timeout: float, values: bool = False) -> list:
-    """(offset, header, value if ``values``) of the messages in [lo, hi)."""
+    """(offset, header, value if ``values``) of the messages in [lo, hi). A read that gets no
+    message for ``timeout`` seconds raises TimeoutError: a part of the window taken for the whole
+    would miss its newest manifest (its last message), and an older snapshot, or none, would be
+    taken for the newest (a fleet would be handed a new empty first snapshot)."""
     consumer.seek(tp, lo)
-    out, deadline = [], time.monotonic() + timeout
-    while lo < hi and time.monotonic() < deadline:
+    out, last = [], time.monotonic()
+    while lo < hi:
+        if time.monotonic() - last > timeout:
+            raise TimeoutError(f"the snapshot topic {tp.topic} could not be read from offset {lo} "
+                               f"to {hi}: no message for {timeout:g} s (is the broker answering?)")
         for msg in consumer.poll(timeout_ms=500).get(tp, []):
             if msg.offset >= hi:
                 return out
             header = dict(msg.headers or []).get(HEADER)
             if header is not None:
                 out.append((msg.offset, json.loads(header), msg.value if values else None))
-            lo = msg.offset + 1
+            lo, last = msg.offset + 1, time.monotonic()
     return out
 
 
