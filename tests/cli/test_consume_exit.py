@@ -1,5 +1,7 @@
 """`consume` stops its HTTP server however its learning loop ends, an error included."""
 
+import logging
+
 import pytest
 
 import sketchrec.cli.consume as consume_cli
@@ -28,6 +30,9 @@ def _consume(monkeypatch, tmp_path, learner) -> None:
     monkeypatch.setattr(kafka_consumer, "KafkaLearner", learner)
     monkeypatch.setattr(consume_cli, "start_server", lambda service, serving: _Server())
     monkeypatch.setattr(consume_cli, "on_stop_signal", lambda action: None)   # no handler in the test process
+    log = logging.getLogger("sketchrec")   # consume adds a stderr handler: not beyond this test
+    monkeypatch.setattr(log, "handlers", list(log.handlers))
+    monkeypatch.setattr(log, "level", log.level)
     _Server.stopped = 0
     return consume_cli.consume_main(["--bootstrap", "127.0.0.1:9", "--topic", "t", "--checkpoint",
                                      str(tmp_path / "ck"), "--serve", "127.0.0.1:0", "--model", "sketch"])
