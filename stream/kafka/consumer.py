@@ -205,8 +205,10 @@ class KafkaLearner:
                 self._watch(records)
                 self.health.rest_if_silent(records == {}, self.stop)   # kafka-python spins then
                 self.after_poll()
-                # a set-aside batch (None) is data; joining a group (or rejoining it) is not idleness
-                if records is None or records or not self.consumer.assignment() or self.share.rebalancing:
+                # a set-aside batch (None) is data; joining a group (or rejoining it) is not
+                # idleness, nor is holding no partition until that share has settled
+                if records is None or records or self.share.joining() or not (
+                        self.consumer.assignment() or self.share.settled()):
                     if records:
                         self.learn_poll(records)
                     last_data = time.monotonic()

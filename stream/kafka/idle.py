@@ -36,13 +36,14 @@ class IdleShare:
     Examples
     --------
     >>> share = IdleShare(consumer=None, topic="ratings", group=None)
-    >>> share.settled()   # no group: the whole topic is its share
-    True
+    >>> share.settled(), share.joining()   # no group: the whole topic is its share
+    (True, False)
     """
 
     def __init__(self, consumer, topic: str, group: str | None):
         self.consumer, self.topic, self.group = consumer, topic, group
-        self.rebalancing, self.assigned_at = False, time.monotonic()
+        # a member's share since when (None: never handed one yet); without a group, from the start
+        self.rebalancing, self.assigned_at = False, None if group else time.monotonic()
         self.lag_logged = False
 
     def revoked(self) -> None:
@@ -53,12 +54,18 @@ class IdleShare:
         """The group has handed this member its share."""
         self.rebalancing, self.assigned_at = False, time.monotonic()
 
+    def joining(self) -> bool:
+        """Is this member waiting for the group to hand it a share (its first, or after a
+        rebalance)? Never without a group. Joining is not idleness."""
+        return bool(self.group) and (self.assigned_at is None or self.rebalancing)
+
     def settled(self) -> bool:
-        """May the assignment be taken as this consumer's share of the topic? Not while the group
-        rebalances, nor while a member holds part of the topic for less than GROUP_SETTLE."""
+        """May the assignment be taken as this consumer's share of the topic? Not while it joins,
+        nor while a member holds part of the topic (or none of it: more members than partitions)
+        for less than GROUP_SETTLE."""
         if not self.group:
             return True
-        if self.rebalancing:
+        if self.joining():
             return False
         held = len(self.consumer.assignment())
         total = len(self.consumer.partitions_for_topic(self.topic) or ())
@@ -71,6 +78,8 @@ class IdleShare:
         to a later run; an unreachable broker's consumer still exits, after LAG_PATIENCE. A lag is
         logged once."""
         tps = list(self.consumer.assignment())
+        if not tps:   # a member handed no partition has nothing to read
+            return True
         try:
             ends = self.consumer.end_offsets(tps, timeout_ms=2_000)
             behind = {tp.partition: ends[tp] - self.consumer.position(tp, timeout_ms=2_000)

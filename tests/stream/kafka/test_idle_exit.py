@@ -42,3 +42,12 @@ def test_never_while_the_group_rebalances_and_again_once_assigned():
     assert not share.settled()
     share.assigned()
     assert share.settled()
+
+
+def test_a_member_joining_is_not_settled_and_one_handed_no_partition_is_after_a_session():
+    share = IdleShare(_Consumer(set(), {0, 1}), "t", "g")
+    assert share.joining() and not share.settled()   # never handed a share yet
+    share.assigned()   # more members than partitions: none for this one
+    assert not share.joining() and not share.settled()
+    share.assigned_at -= GROUP_SETTLE + 0.5
+    assert share.settled() and share.drained()   # nothing to read: an idle run may end
