@@ -23,11 +23,11 @@ pytest.register_assert_rewrite("fixtures")
 # here too would be registered twice).
 from fixtures.broker import wait_for_broker  # noqa: E402,F401
 from fixtures.data import data_dir, data_file  # noqa: E402,F401
-from fixtures.waiting import (agreeing_predictions, free_port, http, served_port,  # noqa: E402,F401
-                              served_url, stop_processes, wait_for, wait_healthy)
+from fixtures.waiting import (agreeing_predictions, free_port, http, pause,  # noqa: E402,F401
+                              served_port, served_url, stop_processes, wait_for, wait_healthy)
 
-__all__ = ["agreeing_predictions", "data_dir", "data_file", "free_port", "http", "served_port", "served_url",
-           "stop_processes", "wait_for", "wait_for_broker", "wait_healthy"]
+__all__ = ["agreeing_predictions", "data_dir", "data_file", "free_port", "http", "pause", "served_port",
+           "served_url", "stop_processes", "wait_for", "wait_for_broker", "wait_healthy"]
 
 pytest_plugins = ["fixtures.data", "fixtures.broker", "fixtures.kernels", "fixtures.ordering"]
 
