@@ -159,56 +159,6 @@ def test_commit_failures_never_kill_the_consumer_and_state_stays_exactly_once(ka
     assert again.ratings_learned == 4000 and sum(again.offsets.values()) == 4000
 
 
-def test_an_idle_exit_waits_for_a_stalled_fetch_while_partitions_have_messages(kafka_bootstrap,
-                                                                              tmp_path, caplog):
-    """Before: no message for idle_exit seconds ended the run even with messages left on an
-    assigned partition (a fetch stalled on a loaded broker); the rest was learned only by the next
-    run, if any. The stall is injected: the real consumer's polls come back empty for 3 s, and for
-    the first half of it the broker is too slow to say where the partitions end (which once also
-    counted as drained)."""
-    from kafka.errors import KafkaTimeoutError
-    topic = f"stall-{uuid.uuid4().hex[:8]}"
-    _send(kafka_bootstrap, topic, _valid(2000))
-    service = _service(tmp_path)
-    learner = KafkaLearner(service, kafka_bootstrap, topic, checkpoint_every=10_000)
-    real_poll, stalled_until = learner.consumer.poll, time.monotonic() + 3.0
-    real_ends = learner.consumer.end_offsets
-
-    def stalled(*args, **kwargs):
-        if time.monotonic() < stalled_until:
-            learner.consumer.assignment() or real_poll(timeout_ms=0)   # assigned, nothing fetched
-            time.sleep(0.2)
-            return {}
-        return real_poll(*args, **kwargs)
-
-    def slow_ends(*args, **kwargs):
-        if time.monotonic() < stalled_until - 1.5:
-            raise KafkaTimeoutError("the broker did not answer in time (forced by the test)")
-        return real_ends(*args, **kwargs)
-    learner.consumer.poll = stalled
-    learner.consumer.end_offsets = slow_ends
-    with caplog.at_level(logging.INFO, logger="sketchrec"):
-        learner.run(idle_exit=1)
-    assert service.ratings_learned == 2000
-    assert any(r.getMessage().startswith("event=idle_lag ") for r in caplog.records)
-
-
-def test_an_idle_exit_still_ends_a_run_without_messages(kafka_bootstrap, tmp_path, caplog):
-    from sketchrec.stream.kafka.idle import LAG_PATIENCE
-    topic = f"empty-{uuid.uuid4().hex[:8]}"
-    _send(kafka_bootstrap, topic, _valid(10))
-    service = _service(tmp_path)
-    learner = KafkaLearner(service, kafka_bootstrap, topic, checkpoint_every=10_000)
-    started = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="sketchrec"):
-        learner.run(idle_exit=1)
-    assert service.ratings_learned == 10
-    # drained, so it ended at once, not after the patience a lagging partition gets (a bound far
-    # from a loaded machine's group join, not a speed claim)
-    assert not any(r.getMessage().startswith("event=idle_lag ") for r in caplog.records)
-    assert time.monotonic() - started < LAG_PATIENCE
-
-
 # --- 7. pause and stop -------------------------------------------------------------------------
 def test_a_paused_consumer_obeys_stop(kafka_bootstrap, tmp_path):
     """Before: learn_many waited on the pause forever; SIGTERM (which sets ``stop``) did nothing."""
