@@ -24,7 +24,7 @@ from sketchrec.stream.recommender import Recommender
 from sketchrec.stream.service import LearningService
 from sketchrec.stream.serving.workers.block import PREFIX
 from sketchrec.stream.serving.workers.pool import WorkerPool
-from conftest import free_port, http, stop_processes, wait_for, wait_healthy
+from conftest import free_port, http, served_port, stop_processes, wait_for, wait_healthy
 
 TOKEN = "workers-admin"
 K = 10
@@ -288,9 +288,9 @@ def _binds(port: int) -> bool:
 
 def test_healthz_of_the_readers_is_503_within_ten_seconds_of_the_learner_stopping(tmp_path):
     """Before: readers said ok while their learner was frozen (SIGSTOP) for minutes."""
-    port = free_port()
-    proc = _learner(_checkpoint(tmp_path), port)
+    proc = _learner(_checkpoint(tmp_path), 0)   # port 0: the learner binds it, its log says which
     try:
+        port = served_port(proc.log, proc)
         _ready(proc, port)
         os.kill(proc.pid, signal.SIGSTOP)
         t0 = time.monotonic()
@@ -340,11 +340,10 @@ def test_a_reader_started_by_another_process_ends_with_its_learner(tmp_path):
     """The parent-death signal only covers the process that started a reader: the watchdog (the
     learner's pid and heartbeat in the block) ends one started by anybody else."""
     from sketchrec.stream.serving.workers import supervision
-    port = free_port()
-    learner = _learner(_checkpoint(tmp_path), port)
+    learner = _learner(_checkpoint(tmp_path), 0)
     strays = []
     try:
-        _ready(learner, port)
+        _ready(learner, served_port(learner.log, learner))
         block = next(n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{learner.pid}-"))
         env = {k: v for k, v in os.environ.items() if k != supervision.PARENT_ENV}
         for watchdog in ("60", "3"):
@@ -380,7 +379,7 @@ def test_a_reader_started_by_another_process_ends_with_its_learner(tmp_path):
 @pytest.mark.parametrize("how", ["SIGTERM to the learner", "Ctrl-C to the group"])
 def test_a_stop_during_worker_start_up_ends_quietly(tmp_path, how):
     """Before: a KeyboardInterrupt traceback."""
-    port = free_port()
+    port = free_port()   # picked here: the stop may come before the learner says where it serves
     proc = _learner(_checkpoint(tmp_path), port, start_new_session=True)
     try:
         # every 50 ms: a reader's imports take far longer, and each look walks /proc
