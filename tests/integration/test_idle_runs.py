@@ -45,17 +45,16 @@ def test_an_idle_exit_waits_for_a_stalled_fetch_while_partitions_have_messages(k
     assert any(r.getMessage().startswith("event=idle_lag ") for r in caplog.records)
 
 
-def test_an_idle_exit_still_ends_a_run_without_messages(kafka_bootstrap, tmp_path, caplog):
+def test_an_idle_exit_still_ends_a_run_without_messages(kafka_bootstrap, tmp_path):
     from sketchrec.stream.kafka.idle import LAG_PATIENCE
     topic = f"empty-{uuid.uuid4().hex[:8]}"
     _send(kafka_bootstrap, topic, _valid(10))
     service = _service(tmp_path)
     learner = KafkaLearner(service, kafka_bootstrap, topic, checkpoint_every=10_000)
     started = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="sketchrec"):
-        learner.run(idle_exit=1)
+    learner.run(idle_exit=1)
     assert service.ratings_learned == 10
     # drained, so it ended at once, not after the patience a lagging partition gets (a bound far
-    # from a loaded machine's group join, not a speed claim)
-    assert not any(r.getMessage().startswith("event=idle_lag ") for r in caplog.records)
+    # from a loaded machine's group join, not a speed claim; a first fetch that comes late may
+    # rightly log a lag before it)
     assert time.monotonic() - started < LAG_PATIENCE

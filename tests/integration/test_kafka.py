@@ -17,7 +17,7 @@ from sketchrec.stream.checkpoint import CheckpointStore
 from sketchrec.stream.kafka.producer import ensure_topic, order_for_topic, produce
 from sketchrec.stream.kafka.messages import parse_message
 from sketchrec.data import SyntheticStream, read_ratings
-from conftest import free_port, http
+from conftest import free_port, http, served_port
 
 
 def consume_cmd(bootstrap, topic, ckpt, *extra):
@@ -106,15 +106,15 @@ def crash_three_times_then_finish(kafka_bootstrap: str, topic: str, ckpt) -> dic
     kills = sorted(np.random.default_rng(7).uniform(0.1 * KILL_N, 0.6 * KILL_N, 3).astype(int))
     killed_at = []
     for threshold in kills:
-        port = free_port()
         # its log goes to a file: a pipe nobody reads while it runs would fill and block the consumer
         log = Path(str(ckpt) + f"-{threshold}.err")
         with log.open("w") as err:
             proc = subprocess.Popen(consume_cmd(kafka_bootstrap, topic, ckpt, "--group", f"g-{topic}",
-                                                "--checkpoint-every", "1500", "--serve", f"127.0.0.1:{port}",
+                                                "--checkpoint-every", "1500", "--serve", "127.0.0.1:0",
                                                 "--workers", "1"),  # /stats from the learner: no readers
                                     stdout=subprocess.DEVNULL, stderr=err, text=True)
         try:
+            port = served_port(log, proc)   # the port it bound and announced
             learned = 0
             deadline = time.monotonic() + 300
             while learned < threshold:
