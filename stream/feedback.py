@@ -251,34 +251,37 @@ class KafkaFeedback:
 
     def take(self, rows: list[tuple]) -> dict:
         """Produce ``rows``, one message per user, and wait for the broker's acknowledgements.
-        A refusal names the users concerned: 503 when their ratings were definitely not taken
-        (send them again), 504 when no answer came in time (the producer still holds them and
-        may deliver them: check before sending them again, or they would be learned twice)."""
+        A refusal names the users concerned: 504 when some were handed to the producer and not
+        acknowledged (in time, or with an error that came after they were sent: the broker may
+        have written them, and the producer may still deliver them; check before sending them
+        again, or they would be learned twice), else 503 for those never handed to it (send
+        them again)."""
         from kafka.errors import KafkaError
         by_user: dict = {}
         for row in rows:   # one user's ratings stay in order on one partition
             by_user.setdefault(str(row[0]).encode(), []).append(row)
-        acknowledged, failed, pending = 0, {}, {}
+        acknowledged, unsent, unsure, sent = 0, {}, {}, []
         try:
             producer = self._open()
-            sent = [(key, producer.send(self.topic, key=key, value=encode_batch(group)), len(group))
-                    for key, group in by_user.items()]
-        except KafkaError as exc:   # nothing handed to the producer
-            sent, failed = [], {key: exc for key in by_user}
-        for key, future, n in sent:   # every user's batch is waited for: the answer counts them all
+        except KafkaError as exc:
+            producer, unsent = None, {key: exc for key in by_user}
+        for key, group in (by_user.items() if producer is not None else ()):
+            try:
+                sent.append((key, producer.send(self.topic, key=key, value=encode_batch(group)), len(group)))
+            except KafkaError as exc:   # refused before the producer took it
+                unsent[key] = exc
+        for key, future, n in sent:   # every batch handed over is waited for, whatever came before
             try:
                 future.get(timeout=ACK_TIMEOUT_S)
                 acknowledged += n
             except KafkaError as exc:
-                # get() gave up waiting but the producer goes on (it delivers or expires the
-                # batch on its own): not done is not failed
-                (failed if future.is_done else pending)[key] = exc
-        if pending:
+                unsure[key] = exc
+        if unsure:
             raise FeedbackRefused(504, _refusal(
-                acknowledged, len(rows), pending, "not acknowledged in time: they may still be taken, "
-                "check before sending them again", failed))
-        if failed:
-            raise FeedbackRefused(503, _refusal(acknowledged, len(rows), failed,
+                acknowledged, len(rows), unsure, "not acknowledged: they may still be taken, "
+                "check before sending them again", unsent))
+        if unsent:
+            raise FeedbackRefused(503, _refusal(acknowledged, len(rows), unsent,
                                                 "not taken: send them again"))
         return {"produced": len(rows), "topic": self.topic}
 
