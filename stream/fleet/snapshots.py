@@ -142,8 +142,8 @@ def _read(consumer, tp, lo: int, hi: int, timeout: float, values: bool = False) 
 
 def _load(consumer, tp, offset: int, manifest: dict, timeout: float) -> Snapshot | None:
     chunks = manifest["chunks"]
-    if not chunks:
-        return None
+    if not chunks or min(chunks) < consumer.beginning_offsets([tp])[tp]:
+        return None   # none, or some deleted by retention: an older snapshot is not whole either
     wanted = set(chunks)
     got = {o: v for o, h, v in _read(consumer, tp, min(chunks), max(chunks) + 1, timeout, values=True)
            if o in wanted and h.get("id") == manifest["id"]}
