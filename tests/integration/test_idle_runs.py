@@ -58,3 +58,24 @@ def test_an_idle_exit_still_ends_a_run_without_messages(kafka_bootstrap, tmp_pat
     # from a loaded machine's group join, not a speed claim; a first fetch that comes late may
     # rightly log a lag before it)
     assert time.monotonic() - started < LAG_PATIENCE
+
+
+def test_a_group_members_idle_exit_goes_through_its_share(kafka_bootstrap, tmp_path):
+    """The rule of tests/stream/kafka/test_idle_exit.py is the one a run obeys: the listener tells
+    the share of the group's assignment, and the loop asks it before it ends."""
+    import threading
+    topic, group = f"share-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    _send(kafka_bootstrap, topic, _valid(100))
+    service = _service(tmp_path)
+    learner = KafkaLearner(service, kafka_bootstrap, topic, group, checkpoint_every=10_000)
+    asked, settled = [], learner.share.settled
+    learner.share.settled = lambda: asked.append(True) or settled()
+    assert learner.share.joining()
+    guard = threading.Timer(240, learner.stop.set)   # a run that never ends idle still ends
+    guard.start()
+    try:
+        learner.run(idle_exit=1)
+    finally:
+        guard.cancel()
+    assert service.ratings_learned == 100 and asked
+    assert learner.share.assigned_at is not None   # the listener handed it the assignment
