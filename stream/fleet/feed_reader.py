@@ -86,19 +86,22 @@ class NativeReader:
         error on the partition raises (a caller retries as after any failed read). The client has
         moved past every message ``consume`` handed over, so the records that came with an error
         are returned all the same and the error raised at the next poll: none is skipped."""
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise self._errors.KafkaException(error)
+        self._raise_pending()
         out = []
         for msg in self.consumer.consume(MAX_RECORDS, timeout_ms / 1000.0):
             if msg.error() is not None:
                 self._error = self._error or msg.error()
             else:
                 out.append(Record(msg.offset(), msg.value(), msg.headers() or []))
-        if not out and self._error is not None:
-            error, self._error = self._error, None
-            raise self._errors.KafkaException(error)
+        if not out:
+            self._raise_pending()
         return out
+
+    def _raise_pending(self) -> None:
+        """Raise the error held from a fetch (once), if any."""
+        error, self._error = self._error, None
+        if error is not None:
+            raise self._errors.KafkaException(error)
 
     def seek(self, position: int) -> None:
         """Read from ``position`` next (what a fetch brought past it is read again). Assigned
