@@ -81,11 +81,11 @@ def test_not_ready_answers_503_at_once_and_healthz_says_why(serve):
     """Before: /healthz was a constant ok and /predict blocked while the kernels compiled."""
     client, service, _ = serve()
     service.health.ready = False
-    t0 = time.perf_counter()
+    # nothing makes the service ready while these wait: a request that waited for readiness would
+    # hit the client's timeout instead of an answer (no timing of our own: a loaded machine pauses)
     for path, params in (("/predict", {"user": "1", "item": "2"}), ("/recommend", {"user": "1"})):
         r = client.get(path, params=params)
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
-    assert time.perf_counter() - t0 < 2
     health = client.get("/healthz")
     assert health.status_code == 503 and health.json()["reasons"] == ["model not ready (warming up)"]
     service.warm_up()
