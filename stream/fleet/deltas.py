@@ -39,6 +39,17 @@ _WALKED = ("vectors", "biases")
 # interval (``refresh_every``, ``pace.full_refresh_ratings``); this is what that gives at the
 # default intervals of three members or more (two members sync half as often: twice this)
 FULL_REFRESH_RATINGS = 16_000
+# ... and at least REFRESH_SLOT_RATINGS x the held slots, whatever the period set: a full refresh
+# costs O(held slots) (each hashes and reads its id's depth x light_dim cells, less than half of
+# what learning a rating costs: two ids hashed, their cells or slots read and written, the step's
+# arithmetic), so a period that does not grow with the model made the refresh's cost per rating
+# grow with it. A replica counts every rating of the fleet (learned or applied) and learns 1/M of
+# them, so this keeps a member's refreshes under M / (2 x REFRESH_SLOT_RATINGS) of its learning
+# at any model size (a sixteenth at four members). What a held row lags between refreshes, what
+# collisions moved in its id's cells, grows with the ratings spread over the cells in between:
+# with the period in proportion to the slots (so to the model's memory) it stays about constant
+# as the model grows (``sketchrec bench fleet --breakdown`` and ``--accuracy`` measure both)
+REFRESH_SLOT_RATINGS = 32
 
 
 class ModelReplica:
@@ -225,7 +236,7 @@ class ModelReplica:
     def ready(self, full: bool = False) -> None:
         """Refresh the held slots' rows where a take or apply left them stale. Not deferred: at
         once. Deferred: once the model learned or applied ``refresh_ratings`` ratings since
-        the last refresh, or now if ``full``
+        the last refresh (and ``REFRESH_SLOT_RATINGS`` per held slot), or now if ``full``
         (before the state is read as a whole: a digest, a snapshot, a settled replica). Until
         then a held id's row lags only what collisions moved in its cells (learning on a held id
         goes to its slot, and an apply moves the rows whose residuals it moved at once: _follow);
@@ -236,10 +247,14 @@ class ModelReplica:
         learned = self.model.n_learned
         if full and self.slots is not None:
             self.model.heavy.counts[:] = FROZEN
-        if self.stale and (full or not self.deferred
-                           or learned - self._refreshed_at >= self.refresh_ratings):
+        if self.stale and (full or not self.deferred or self._due(learned - self._refreshed_at)):
             self.slots.refresh()
             self.stale, self._refreshed_at = False, learned
+
+    def _due(self, since: int) -> bool:
+        """Whether ``since`` ratings learned or applied make a deferred replica's full refresh due
+        (``refresh_ratings``, and ``REFRESH_SLOT_RATINGS`` per held slot; counted only then)."""
+        return since >= self.refresh_ratings and since >= REFRESH_SLOT_RATINGS * len(self.slots.held())
 
     # --- apply --------------------------------------------------------------------------------------
     def apply(self, arrays: dict[str, np.ndarray]) -> None:

@@ -126,7 +126,8 @@ def full_refresh_ratings(every: int, members: int) -> int:
     (``sync_interval``) the same for every M from 3 to 5 (``deltas.FULL_REFRESH_RATINGS``), so a
     larger fleet does not refresh more often per rating, and twice that for two members (whose
     interval allows twice the drift); a shorter ``--sync-ratings`` shortens it (at M = 2, every
-    ``FULL_REFRESH_SYNCS`` takes and applies whatever the interval).
+    ``FULL_REFRESH_SYNCS`` takes and applies whatever the interval). The replica waits at least
+    ``deltas.REFRESH_SLOT_RATINGS`` per held slot as well: what a refresh costs grows with the model.
 
     >>> full_refresh_ratings(4000, 2), full_refresh_ratings(666, 4), full_refresh_ratings(200, 2)
     (32000, 15984, 1600)

@@ -62,7 +62,8 @@ moves most of them);
 ``apply`` the delta's size. The held slots' rows (``models.fleet_slots``: depth x light_dim
 hashed reads each, one compiled pass) move with the residuals an apply adds to them, at once,
 and are all refreshed every ``refresh_every`` ratings learned or applied (a member's: from its
-sync interval, ``pace.full_refresh_ratings``), at
+sync interval, ``pace.full_refresh_ratings``), and at least ``deltas.REFRESH_SLOT_RATINGS`` per
+held slot (the refresh's cost grows with the model, so must its period), at
 ``settle`` (so before a digest or snapshot) and at ``ready(full=True)``; in between a held id's
 row lags only what collisions moved in its cells (a fleet member calls ``ready`` when it polls
 and before it learns); both, at most every ``RERANK_S``, re-rank the popular list over the catalogue

@@ -282,15 +282,19 @@ def test_an_apply_moves_at_once_the_rows_of_the_held_slots_whose_residuals_it_mo
     assert lag == move
 
 
-@pytest.mark.parametrize("period", [3_000, None])
-def test_a_deferred_replica_refreshes_its_held_slots_once_its_period_has_passed(stream, monkeypatch, period):
+@pytest.mark.parametrize("period, per_slot", [(3_000, 0), (3_000, 10_000), (None, 0)])
+def test_a_deferred_replica_refreshes_its_held_slots_once_its_period_has_passed(stream, monkeypatch,
+                                                                                 period, per_slot):
     """A fleet replica leaves the held slots' rows stale after an apply until its model learned or
-    applied ``refresh_every`` ratings since the last full refresh; then the next apply refreshes
-    them all (the rows are what a full refresh makes of them). With the default period (longer
-    than the stream here) they stay stale: the period, not the apply, decides. A refresh that never
-    fired would leave the rows stale past the period."""
-    from sketchrec.stream.fleet import tracker as replica
+    applied ``refresh_every`` ratings since the last full refresh, and ``REFRESH_SLOT_RATINGS``
+    per slot held then; then the next apply refreshes them all (the rows are what a full refresh
+    makes of them). With the default period, or held slots that ask for more ratings than the
+    stream has here, they stay stale: the period, not the apply, decides. A refresh that never
+    fired would leave the rows stale past the period; one that ignored the held slots would
+    refresh them at the period set."""
+    from sketchrec.stream.fleet import deltas, tracker as replica
     monkeypatch.setattr(replica, "RERANK_S", 1e9)   # no re-rank: not what is measured here
+    monkeypatch.setattr(deltas, "REFRESH_SLOT_RATINGS", per_slot)
     users, items, ratings = stream
     a, b = recommender(), recommender()
     ta, tb = DeltaTracker(a), DeltaTracker(b)
@@ -305,7 +309,7 @@ def test_a_deferred_replica_refreshes_its_held_slots_once_its_period_has_passed(
         fresh = bool(np.array_equal(served, rows))
         rows[:], slots.view[:] = served, view
         assert fresh == (not tb._model.stale)
-        assert fresh == (period is not None and start == 2000), (start, period)
+        assert fresh == (period is not None and not per_slot and start == 2000), (start, period)
 
 
 def test_ids_heavy_in_a_batch_learn_it_in_their_slots_and_the_replicas_agree(monkeypatch):
