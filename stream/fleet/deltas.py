@@ -50,6 +50,10 @@ FULL_REFRESH_RATINGS = 16_000
 # with the period in proportion to the slots (so to the model's memory) it stays about constant
 # as the model grows (``sketchrec bench fleet --breakdown`` and ``--accuracy`` measure both)
 REFRESH_SLOT_RATINGS = 32
+# a take finds the cells to compare by sorting their indices while they are fewer than
+# 1 / _SORTED_BELOW of the cells, by a bitmap's scan (O(cells)) beyond: where the two cost alike
+# (once most ids are held in slots, a take's ids address few cells, and the scan was most of it)
+_SORTED_BELOW = 8
 
 
 class ModelReplica:
@@ -163,7 +167,10 @@ class ModelReplica:
                                             (m.biases.cells, m.store.bias_salts, self._carry[1], self._masks[1])):
             found = [cell_indices(salts[f], keys[n], cells.shape[1]) for n, f in enumerate(FAMILIES)]
             found = np.concatenate(found + [carried])
-            mask[found] = True   # a bitmap beats sorting the indices, which repeat
+            if len(found) * _SORTED_BELOW < mask.size:   # few (most ids held): sorted
+                where.append(distinct(found))
+                continue
+            mask[found] = True   # many, and they repeat: a bitmap beats sorting them
             idx = np.flatnonzero(mask)
             mask[idx] = False
             where.append(idx)
