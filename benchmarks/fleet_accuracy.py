@@ -43,7 +43,8 @@ ONE_CHUNK = 10_000   # ratings per learn call of the one learner
 
 def model(kind: str, capacity: int, seed: int, noise_seed: int = 0, epsilon: float = EPSILON):
     """A fresh model of ``kind``: "mix" is the default learner (``Experts`` with its default
-    members, as `consume` builds it without options), "bias" its bias baseline alone; "dp" is the sketch with DP-SGD at
+    members, as `consume` builds it without options), "bias" its bias baseline alone, "sketch" the
+    sketch alone (`--model sketch`); "dp" is the sketch with DP-SGD at
     ``epsilon`` (rating unit, DP defaults) as a fleet member runs it, its noise seeded by
     ``noise_seed`` (reproducible: no guarantee)."""
     from sketchrec.models import SketchMF
@@ -53,8 +54,10 @@ def model(kind: str, capacity: int, seed: int, noise_seed: int = 0, epsilon: flo
     if kind == "bias":   # mix's first member alone
         from sketchrec.models.bias_baseline import BiasBaseline
         return BiasBaseline(capacity=capacity, seed=seed)
+    if kind == "sketch":   # `--model sketch`, the learner of `bench fleet`'s CPU figures
+        return SketchMF(capacity=capacity, seed=seed)
     if kind != "dp":
-        raise ValueError(f"kind must be one of {KINDS} or bias")
+        raise ValueError(f"kind must be one of {KINDS}, bias or sketch")
     from sketchrec.models.private.dp_sgd import DPConfig
     from sketchrec.privacy.budget import stream_noise_multiplier
     sigma = 0.0 if math.isinf(epsilon) else stream_noise_multiplier(epsilon, DP_DEFAULTS["delta"], 1,
@@ -94,8 +97,8 @@ def one_learner(data: Ratings, kind: str, seed: int = 0) -> float:
 def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int = 0,
           paced: bool = True, composed: bool = True) -> float:
     """The prequential RMSE of a fleet of ``m`` members of ``kind`` over ``data``, each learning
-    and publishing every ``every`` of its own ratings (default: the members' default interval,
-    shortened as a member's by its hot items, ``stream.fleet.pace``, unless not ``paced``), its
+    and publishing every ``every`` of its own ratings (default: the members' default interval),
+    shortened as a member's by its hot items (``stream.fleet.pace``) unless not ``paced``, its
     count-weighted moves composed as a member's are (``stream.fleet.compose``) unless not
     ``composed`` (the plain sum)."""
     from sketchrec.stream.fleet.pace import HotItems
@@ -121,7 +124,7 @@ def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int 
     predictions, start = np.empty(len(data)), 0
     while start < max(map(len, parts)):
         # the rounds are in step here: the shortest interval any member's pace asks for
-        size = min(h.bound(default, m) for h in hot) if paced and every is None else default
+        size = min(h.bound(default, m) for h in hot) if paced else default
         blobs = []
         for rec, tracker, part in zip(recs, trackers, parts):
             mine = part[start:start + size]

@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "the more each learns alone: see docs/scaling.md). Default: two members 4,000; "
                        "from three on 2,000 ratings over the other members, at least 500, shorter while a "
                        "few items take most ratings; a DP-SGD fleet: 2,000 in whole --dp-batch "
-                       "batches (a lone member: 10,000). N fixes the interval: no pacing, no "
-                       "rounding to batches")
+                       "batches (a lone member: 10,000). N sets the interval (no rounding to "
+                       "batches), still shortened from three members on while a few items take "
+                       "most ratings")
     fleet.add_argument("--snapshot-seconds", type=float, default=60.0, metavar="S",
                        help="the member holding partition 0 writes a snapshot every S seconds")
     ap.add_argument("--ldp-debias", action="store_true",

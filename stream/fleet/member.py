@@ -232,7 +232,8 @@ class FleetLearner(KafkaLearner):
         the group's only learner (a zombie's deltas are refused): nothing drifts, so it publishes
         every ALONE x sync_ratings ratings or ``sync_ms``, whichever comes first, and saves most
         takes. Otherwise, by default, every ``sync_interval(M)`` ratings, M as this member's share
-        of the partitions suggests (re-read at every poll), shortened where hot items need it (pace)."""
+        of the partitions suggests (re-read at every poll), or every ``sync_ratings`` given;
+        either shortened where hot items need it (pace: no interval is safe on every stream)."""
         partitions = self.consumer.partitions_for_topic(self.topic) or set()
         held = {tp.partition for tp in self.consumer.assignment()}
         self.alone = bool(partitions) and partitions <= held
@@ -240,8 +241,9 @@ class FleetLearner(KafkaLearner):
         members = -(-len(partitions) // len(held)) if held and not self.alone else 1
         if self.alone:
             every = base = every * ALONE
-        elif self.by_size and held:
-            base = max(every, sync_interval(members, self.dp_batch))
+        elif held:
+            if self.by_size:
+                base = max(every, sync_interval(members, self.dp_batch))
             every = self.hot.bound(base, members)
         # the held slots' full refresh follows the interval, not a hot item's shortening of it
         self.tracker.refresh_every(full_refresh_ratings(base, members))

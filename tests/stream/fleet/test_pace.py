@@ -37,3 +37,32 @@ def test_a_dp_members_interval_is_left_alone():
     tracker.seq = 1
     rec.learn_many(np.arange(500), np.full(500, 7), np.full(500, 4.0))
     assert hot.rate is None and hot.bound(sync_interval(4, 1_000), members=4) == 2_000
+
+
+def _member(sync_ratings: int | None, held: set, rate: float):
+    """A fleet member's pacing state alone (``FleetLearner._pace`` reads nothing else): a group
+    that gave it ``held`` of four partitions, a last interval whose hottest item took ``rate``."""
+    from sketchrec.stream.fleet.member import FleetLearner
+    from sketchrec.stream.fleet.pace import SYNC_RATINGS
+    member = object.__new__(FleetLearner)
+    member.topic, member.dp_batch = "t", None
+    member.consumer = SimpleNamespace(partitions_for_topic=lambda topic: {0, 1, 2, 3},
+                                      assignment=lambda: [SimpleNamespace(partition=p) for p in held])
+    member.tracker = SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=lambda members: None)
+    member.book = SimpleNamespace(every=None)
+    member.by_size, member.sync_ratings = sync_ratings is None, sync_ratings or SYNC_RATINGS
+    rec, member.hot, _ = _hot()
+    member.hot.rate = rate
+    member._pace()
+    return member.chunk_ratings
+
+
+def test_a_given_interval_is_paced_like_the_default_one():
+    """`--sync-ratings N` sets the interval a member starts from; from three members on a hot item
+    shortens it as it shortens the default one (a given interval used to switch pacing off, and
+    four members of the sketch at such an interval ran away from one learner on a skewed stream)."""
+    hot = max(FLOOR, int(HOT_STEPS / 4 / 0.05))   # four members, the hottest item 5 % of ratings
+    assert _member(2_000, held={0}, rate=0.05) == hot
+    assert _member(None, held={0}, rate=0.05) == min(hot, sync_interval(4))
+    assert _member(2_000, held={0}, rate=0.001) == 2_000   # nothing hot: N as given
+    assert _member(2_000, held={0, 1}, rate=0.05) == 2_000   # two members: no bound
