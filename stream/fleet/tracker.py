@@ -88,6 +88,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -113,6 +114,18 @@ try:  # kafka-python[zstd] brings it; zlib otherwise
     import zstandard
 except ImportError:  # pragma: no cover
     zstandard = None
+# zstd contexts, one of each per thread (a context is not thread-safe), reused: making one per
+# delta cost as much as (de)compressing a small delta's head
+_zstd = threading.local()
+
+
+def _zstd_context(kind: str):
+    """This thread's zstd compressor ("compress", level 1) or decompressor ("decompress")."""
+    context = getattr(_zstd, kind, None)
+    if context is None:
+        context = zstandard.ZstdCompressor(level=1) if kind == "compress" else zstandard.ZstdDecompressor()
+        setattr(_zstd, kind, context)
+    return context
 
 
 class DeltaTracker:
@@ -318,7 +331,7 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
         if codec == ZSTD:
             if zstandard is None:
                 raise ValueError("zstd-compressed delta but zstandard is not installed")
-            head = zstandard.ZstdDecompressor().decompress(head)
+            head = _zstd_context("decompress").decompress(head)
         elif codec == ZLIB:
             head = zlib.decompress(head)
         elif codec != RAW:
@@ -355,7 +368,7 @@ def _encode(header: dict, arrays: dict[str, np.ndarray], compress: str) -> bytes
     plain = b"".join(chunks[:split])
     codec, head = RAW, plain
     if compress == "zstd" and zstandard is not None:
-        codec, head = ZSTD, zstandard.ZstdCompressor(level=1).compress(plain)
+        codec, head = ZSTD, _zstd_context("compress").compress(plain)
     elif compress != "none":
         codec, head = ZLIB, zlib.compress(plain, 6)
     if len(head) >= len(plain):
