@@ -100,7 +100,7 @@ class ModelReplica:
         # deferred: a take or apply leaves the held slots' rows stale, for ready() to refresh,
         # which it does every refresh_ratings (or when told: settle, a snapshot)
         self.deferred, self.stale, self._refreshed_at = deferred, False, model.n_learned
-        self.refresh_ratings = FULL_REFRESH_RATINGS
+        self.refresh_ratings = self._wait = FULL_REFRESH_RATINGS   # _wait: see _due
         self._admitted = 0   # of slots.pending, admitted ahead of a batch (ahead) already
 
     def touched(self, ukeys: np.ndarray, ikeys: np.ndarray) -> None:
@@ -234,7 +234,7 @@ class ModelReplica:
     def refresh_every(self, ratings: int) -> None:
         """A deferred replica refreshes every held slot once its model learned or applied
         ``ratings`` ratings since the last refresh (a fleet member: ``pace.full_refresh_ratings``)."""
-        self.refresh_ratings = max(1, int(ratings))
+        self.refresh_ratings = self._wait = max(1, int(ratings))
 
     def _went_stale(self) -> None:
         self.stale = True
@@ -260,8 +260,13 @@ class ModelReplica:
 
     def _due(self, since: int) -> bool:
         """Whether ``since`` ratings learned or applied make a deferred replica's full refresh due
-        (``refresh_ratings``, and ``REFRESH_SLOT_RATINGS`` per held slot; counted only then)."""
-        return since >= self.refresh_ratings and since >= REFRESH_SLOT_RATINGS * len(self.slots.held())
+        (``refresh_ratings``, and ``REFRESH_SLOT_RATINGS`` per held slot). The slots are counted
+        only once the last count's wait has passed (it runs at every batch's ``ready``): fleet
+        mode never frees a slot, so the wait only grows."""
+        if since < self._wait:
+            return False
+        self._wait = max(self.refresh_ratings, REFRESH_SLOT_RATINGS * len(self.slots.held()))
+        return since >= self._wait
 
     # --- apply --------------------------------------------------------------------------------------
     def apply(self, arrays: dict[str, np.ndarray]) -> None:
