@@ -185,7 +185,7 @@ def test_a_version_3_delta_without_its_body_checksum_is_refused(stream, monkeypa
 
     from sketchrec import frame
     from sketchrec.sketches import serial
-    from sketchrec.stream.fleet import tracker
+    from sketchrec.stream.fleet import envelope
     users, items, ratings = stream
     a = recommender()
     ta = DeltaTracker(a)
@@ -195,7 +195,7 @@ def test_a_version_3_delta_without_its_body_checksum_is_refused(stream, monkeypa
     body = bytearray(frame.encode(serial.MAGIC, {"kind": "ModelDelta", "params": header}, arrays,
                                   checksum=False))
     body[-3] ^= 0xFF   # a byte of the last array (a float row, left raw)
-    unchecked = b"SKRD" + struct.pack("<BBI", tracker.VERSION, tracker.RAW, len(body)) + bytes(body)
+    unchecked = b"SKRD" + struct.pack("<BBI", envelope.VERSION, envelope.RAW, len(body)) + bytes(body)
     fresh = DeltaTracker(recommender())
     before = fresh.state_digest()
     with pytest.raises(ValueError, match="no checksum"):
