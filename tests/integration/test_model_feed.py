@@ -123,12 +123,15 @@ def test_an_idle_replica_reader_waits_at_the_broker_instead_of_asking_again(kafk
     ensure_fleet_topics(kafka_bootstrap, topic)
     reader = PythonReader(kafka_bootstrap, topic, 0, MAX_MESSAGE_BYTES)
 
-    def held_fetch():   # the replica's polls of 200 ms, until a fetch the broker held has ended
+    def held_fetch():   # the replica's polls of 200 ms, until fetches the broker held have ended
         assert reader.poll(200) == []
-        latency = reader.consumer.metrics()["consumer-fetch-manager-metrics"]["fetch-latency-max"]
-        # ms: the broker held a fetch for the wait (a topic's first fetch may be answered at once;
-        # a loaded broker's first answers may come late, before any fetch has ended)
-        return latency >= 0.9 * feed_reader.FETCH_WAIT_MS
+        fetches = reader.consumer.metrics()["consumer-fetch-manager-metrics"]
+        # ms: the broker held fetches for the wait (a topic's first fetch may be answered at once;
+        # a loaded broker's first answers may come late, before any fetch has ended). The mean as
+        # well as the longest: a loaded broker can answer one fetch late with the wait broken, but
+        # then most of its hundreds of fetches a second are answered at once
+        return (fetches["fetch-latency-max"] >= 0.9 * feed_reader.FETCH_WAIT_MS
+                and fetches["fetch-latency-avg"] >= 0.5 * feed_reader.FETCH_WAIT_MS)
     try:
         wait_for(held_fetch, "a fetch held at the broker for the reader's wait", timeout=120, every=0)
     finally:
