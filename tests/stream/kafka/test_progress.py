@@ -41,15 +41,16 @@ def test_a_broker_that_does_not_answer_is_lost_from_its_last_answer():
     learner = _learner()
     learner._watch({})
     assert learner.health.problems() == [] and learner.health.connected
-    learner.consumer.hang(ago=2.0)    # a fetch waits 2 s: not yet silence
+    learner.consumer.hang(ago=0.5)    # a fetch waits: not yet silence (room for a paused test)
     learner._watch({})
     assert learner.health.connected
     learner.consumer.hang(ago=6.0)    # 6 s without an answer: lost since then, shown at once
     learner._watch({})
     reasons = learner.health.problems()
     # the figure is whole seconds since the last answer: a pause here (a collection, a loaded
-    # machine) may add one or two
-    assert len(reasons) == 1 and re.match(r"broker unreachable for [6-8] s \(broker not answering", reasons[0])
+    # machine) may add some
+    found = re.match(r"broker unreachable for (\d+) s \(broker not answering", reasons[0])
+    assert len(reasons) == 1 and found and 6 <= int(found[1]) < 60, reasons
     learner.consumer.conn.transport.last_read = time.monotonic()   # it answers again
     learner.consumer.conn.in_flight_requests = []
     learner._watch({})
@@ -75,7 +76,8 @@ def test_a_lag_that_grows_while_nothing_is_taken_is_a_stall():
         learner._watch({})
     assert learner.health.behind == 100 and learner.health.stalled_since is not None
     learner.health.stalled_since -= 11   # (the seconds shown: 11, or more if this test was paused)
-    assert re.fullmatch(r"no progress for 1\d s while 100 messages wait", *learner.health.problems())
+    found = re.fullmatch(r"no progress for (\d+) s while 100 messages wait", *learner.health.problems())
+    assert found and 11 <= int(found[1]) < 60, learner.health.problems()
     part.position.offset = 150                  # a poll takes 50 of them: progress
     learner._watch({"t-0": list(range(50))})
     assert learner.health.problems() == [] and learner.health.behind == 50
@@ -99,6 +101,7 @@ def test_healthz_asks_the_client_itself_while_the_loop_is_blocked_in_a_step():
     learner.health.probe = lambda: broker_contact(learner.consumer)
     learner.consumer.hang(ago=7.0)            # no _watch since: the loop is blocked
     reasons = learner.health.problems()
-    assert len(reasons) == 1 and re.match(r"broker unreachable for [7-9] s \(broker not answering", reasons[0])
+    found = re.match(r"broker unreachable for (\d+) s \(broker not answering", reasons[0])
+    assert len(reasons) == 1 and found and 7 <= int(found[1]) < 60, reasons
     learner.health.probe = None               # a broken variant: judged by the loop alone
     assert learner.health.problems() == []
