@@ -103,12 +103,14 @@ def member():
     from sketchrec.stream.fleet.member import FleetLearner
     from sketchrec.stream.fleet.model_topic import FleetState
     from sketchrec.stream.fleet.replicas import FleetService
+    from sketchrec.stream.fleet.pace import HotItems
     from sketchrec.stream.fleet.tracker import DeltaTracker
     from sketchrec.stream.recommender import Recommender
     recommender = Recommender(SketchMF(capacity=500, dim=8), pair_capacity=20_000)
     service = FleetService(recommender, None, read_only=False)   # as a member's (replicas.py)
     learner = _bare(FleetLearner, service)
     learner.state, learner.tracker = FleetState(member="m"), DeltaTracker(recommender, "m")
+    learner.hot = HotItems(recommender, learner.tracker)   # a member's pace, as __init__ makes it
     learner.model_producer, learner.model_topic = _Producer(), "t.model"
     learner.outages = Outages(service.health)
     learner.feed = types.SimpleNamespace(poll=lambda timeout_ms=0: 0)
