@@ -19,6 +19,7 @@ def run_member(config) -> int:
 
     from sketchrec.privacy.keys import key_local_ids
     from sketchrec.stream.fleet.member import FleetLearner, new_member_id, open_replica, rebuild
+    from sketchrec.stream.fleet.replicas import NoExactReplica
     from sketchrec.stream.recommender import Recommender
     prog, settings, fleet = "sketchrec consume", config.model, config.fleet
     member = new_member_id()
@@ -88,6 +89,11 @@ def run_member(config) -> int:
             rebuilt += 1
             if stopping.is_set():
                 learner.stop.set()
+    except NoExactReplica as exc:   # fenced or truncated, and the newest snapshot is gone too
+        print(f"{prog}: {exc}", file=sys.stderr, flush=True)
+        if server is not None:
+            server.stop()
+        return 2
     except BaseException:
         # an error nobody foresaw still stops the endpoint's threads before the interpreter
         # goes down under them (the traceback, then a crash in a thread of a half-torn-down
@@ -141,11 +147,14 @@ def _rejoin(rebuild, join, stopping: threading.Event, health):
     """A fenced member's replica rebuilt and the member rejoined: tried again after the back-off
     (``fleet.outage``) while the broker is stalled or gone, until it works or ``stopping``."""
     from sketchrec.stream.fleet.outage import Outages
+    from sketchrec.stream.fleet.replicas import NoExactReplica
     outages = Outages(health)
     while not stopping.is_set():
         try:
             rebuild()
             learner = join()
+        except NoExactReplica:
+            raise   # no snapshot the model topic still follows: trying again cannot help
         except Exception as exc:  # noqa: BLE001 - a broker away: KafkaError, TimeoutError, OSError
             outages.failed("rebuild", exc)
             continue
@@ -161,12 +170,13 @@ def serve_replica(args, serving) -> int:
     from sketchrec.cli.serving import accountant_first
     from sketchrec.stream.fleet.member import FleetReplica, open_replica
     from sketchrec.stream.fleet.model_topic import model_topic
+    from sketchrec.stream.fleet.replicas import NoExactReplica
     topic = model_topic(args.topic, args.model_topic)
     try:
         service = serving.bound(open_replica(args.bootstrap, topic, wait=args.wait))
         accountant_first(service)   # before the model topic's thread starts (start_server's own call finds it loaded)
         replica = FleetReplica(service, args.bootstrap, topic).start()
-    except (KafkaError, TimeoutError) as exc:
+    except (KafkaError, TimeoutError, NoExactReplica) as exc:
         print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     server = start_server(service, serving)

@@ -66,6 +66,7 @@ class Health:
         self.last_error: str | None = None
         self.last_poll: float | None = None
         self.checkpoint_error: str | None = None  # the last checkpoint attempt's, if it failed
+        self.inexact: str | None = None   # why a fleet replica is not the model topic's (Truncated)
         self.behind: int | None = None   # messages the consumer has not read yet (its lag), if known
         self.stalled_since: float | None = None   # messages waiting, none learned, since then
         self._progress: tuple[int, int] | None = None   # (ratings learned, lag) at the last report
@@ -148,6 +149,8 @@ class Health:
                        "messages wait")
         if self.checkpoint_error is not None:
             out.append(f"last checkpoint failed ({self.checkpoint_error})")
+        if self.inexact is not None:
+            out.append(f"replica not exact: {self.inexact}")
         return out
 
     def broker(self) -> dict | None:

@@ -14,7 +14,9 @@ poll takes what has arrived from its queue in one C call.
 
 Both read partition 0 of the topic from a given offset, read committed, and return ``Record`` objects
 in offset order; ``seek`` sets where the next poll reads (``ModelFeed.poll`` after an error: the
-clients move past whatever a fetch handed over, taken or not).
+clients move past whatever a fetch handed over, taken or not). A position the topic no longer
+holds (retention deleted it) raises ``OutOfRange``: both clients would otherwise move to the end
+of the topic by default, and a replica would skip the deltas between without a word.
 
 >>> Record(3, b"", [("sketchrec.delta", b"{}")]).offset
 3
@@ -37,6 +39,10 @@ FETCH_WAIT_MS = 500
 # a learning member applies the others' deltas between its chunks: each one handed over late is
 # learned without for more chunks (the drift its sync interval bounds), so its fetches wait briefly
 MEMBER_FETCH_WAIT_MS = 20
+
+
+class OutOfRange(LookupError):
+    """The reader's position is outside the topic's log (below its start, after retention)."""
 
 
 class Record(NamedTuple):
@@ -71,6 +77,7 @@ class NativeReader:
             # required by the client; never joined (assign only) and nothing is committed
             "group.id": f"model-reader-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
             "enable.auto.offset.store": False, "isolation.level": "read_committed",
+            "auto.offset.reset": "error",   # not "latest": a lost position is an error (OutOfRange)
             "enable.partition.eof": False, "check.crcs": False,   # the broker checked them on produce
             "fetch.wait.max.ms": MEMBER_FETCH_WAIT_MS,
             "fetch.message.max.bytes": max_bytes, "fetch.max.bytes": max_bytes,
@@ -100,6 +107,8 @@ class NativeReader:
     def _raise_pending(self) -> None:
         """Raise the error held from a fetch (once), if any."""
         error, self._error = self._error, None
+        if error is not None and error.code() == self._errors.KafkaError._AUTO_OFFSET_RESET:
+            raise OutOfRange(error.str())
         if error is not None:
             raise self._errors.KafkaException(error)
 
@@ -134,8 +143,9 @@ class PythonReader:
         # no CRC check in Python (the broker checked it on produce). The replica's thread does
         # nothing but read, so its fetch may wait at the broker (FETCH_WAIT_MS): an idle replica
         # sends a few fetches a second instead of hundreds (its network thread's CPU). The wait
-        # stays well under ``kafka.contact.SILENT_AFTER``.
+        # stays well under ``kafka.contact.SILENT_AFTER``. "none": a lost position raises.
         self.consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False,
+                                      auto_offset_reset="none",
                                       isolation_level="read_committed", max_poll_records=MAX_RECORDS,
                                       check_crcs=False, fetch_max_wait_ms=FETCH_WAIT_MS,
                                       fetch_max_bytes=max_bytes, max_partition_fetch_bytes=max_bytes)
@@ -143,7 +153,11 @@ class PythonReader:
         self.consumer.seek(self.tp, position)
 
     def poll(self, timeout_ms: int) -> list:
-        return self.consumer.poll(timeout_ms=timeout_ms).get(self.tp, [])
+        from kafka.errors import OffsetOutOfRangeError
+        try:
+            return self.consumer.poll(timeout_ms=timeout_ms).get(self.tp, [])
+        except OffsetOutOfRangeError as exc:
+            raise OutOfRange(str(exc)) from None
 
     def seek(self, position: int) -> None:
         """Read from ``position`` next (kafka-python drops what it fetched for other offsets)."""

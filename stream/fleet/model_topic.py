@@ -72,7 +72,25 @@ MAX_MESSAGE_BYTES = 64 << 20   # the topic is created allowing messages this lar
 
 
 class Fenced(RuntimeError):
-    """This member's own delta was refused: it learned offsets another member had covered."""
+    """This replica can no longer be kept exact and must be rebuilt: its member's own delta was
+    refused (it learned offsets another member had covered), or ``Truncated``."""
+
+
+class Truncated(Fenced):
+    """The model topic no longer holds the next delta this replica must apply (retention deleted
+    it): reading on from the topic's start would skip deltas, so the replica is rebuilt from a
+    snapshot at or after the log's start (``replicas.rebuild``), or cannot be made exact.
+
+    >>> str(Truncated("t.model", 7, 40))[:62]
+    't.model no longer holds offset 7 (its log starts at 40: retent'
+    """
+
+    def __init__(self, topic: str, position: int, start: int):
+        self.topic, self.position, self.start = topic, position, start
+        why = ("retention deleted deltas this replica has not applied" if start > position else
+               "past its end: was the topic deleted and created again?")
+        super().__init__(f"{topic} no longer holds offset {position} (its log starts at {start}: "
+                         f"{why}); rebuild it from a newer snapshot")
 
 
 def model_topic(topic: str, given: str | None = None) -> str:
@@ -251,6 +269,7 @@ class ModelFeed:
         self.state, self.apply = state, apply
         self.on_origin = on_origin   # called after settling a delta that names its ratings' origin
         reader = NativeReader if native else PythonReader
+        self.topic = topic
         self.reader = reader(bootstrap, topic, state.position, MAX_MESSAGE_BYTES)
         self.consumer = self.reader.consumer
         self.bytes_read = 0
@@ -260,12 +279,19 @@ class ModelFeed:
         the records before it only, never on where a fetch ended: a message that is not a good
         delta of this model is refused (``_take``), and whatever else a poll raises (the broker's
         errors, or an error not of the record's making while taking one) leaves the reader at
-        ``state.position``, the message after the last one taken, so a retry skips nothing."""
+        ``state.position``, the message after the last one taken, so a retry skips nothing. A
+        position the topic no longer holds raises ``Truncated`` (never read past: the readers
+        refuse to move to the end)."""
+        from sketchrec.stream.fleet.feed_reader import OutOfRange
         n = 0
         try:
             for msg in self.reader.poll(timeout_ms):
                 self._take(msg)
                 n += 1
+        except OutOfRange:
+            self.reader.seek(self.state.position)
+            raise Truncated(self.topic, self.state.position,
+                            self.reader.beginning(self.topic, 0)) from None
         except Exception:
             # the reader has moved past every record the fetch handed over, taken or not
             self.reader.seek(self.state.position)

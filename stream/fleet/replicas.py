@@ -13,7 +13,8 @@ import uuid
 from sketchrec.models.registry import MODELS
 from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
 from sketchrec.stream.fleet import snapshots
-from sketchrec.stream.fleet.model_topic import MAX_MESSAGE_BYTES, FleetState, ModelFeed, no_origin
+from sketchrec.stream.fleet.model_topic import (MAX_MESSAGE_BYTES, FleetState, ModelFeed, Truncated,
+                                                no_origin)
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.fleet.warm import warm
 from sketchrec.stream.health import log_event
@@ -42,6 +43,31 @@ def ensure_fleet_topics(bootstrap: str, model_topic: str) -> None:
                 pass  # another member was first
     finally:
         admin.close()
+
+
+class NoExactReplica(RuntimeError):
+    """The model topic starts after the newest snapshot's position: retention deleted deltas that
+    no snapshot holds, so no replica of this fleet can be made exact (one line at the CLI)."""
+
+
+def _check_log_holds(bootstrap: str, model_topic: str, snap) -> None:
+    """NoExactReplica unless the model topic still holds every delta after ``snap`` (None: the
+    empty model, position 0), as ``snapshots._load`` skips a snapshot whose chunks are gone."""
+    from kafka import KafkaConsumer, TopicPartition
+    consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False)
+    try:
+        tp = TopicPartition(model_topic, 0)
+        start = consumer.beginning_offsets([tp])[tp]
+    finally:
+        consumer.close(autocommit=False)
+    position = snap.meta["fleet"]["position"] if snap is not None else 0
+    if position < start:
+        what = f"the newest snapshot's position {position}" if snap is not None else "offset 0 (no snapshot)"
+        raise NoExactReplica(
+            f"{model_topic} starts at offset {start}, after {what}: retention deleted deltas that "
+            "no snapshot holds, so no replica of this fleet can be made exact; start a new fleet "
+            "on another --model-topic (and keep the model topic's retention longer than two "
+            "snapshot intervals)")
 
 
 def model_producer(bootstrap: str):
@@ -131,6 +157,7 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
     snap, deadline = snapshots.newest(bootstrap, topic), time.monotonic() + wait
     while snap is None:
         if make_recommender is not None:
+            _check_log_holds(bootstrap, model_topic, None)   # (not a first snapshot of a used topic)
             first = make_recommender()
             producer = model_producer(bootstrap)
             write_snapshot(producer, topic, first, FleetState(dp=dp, ldp_debias=ldp_debias),
@@ -141,6 +168,7 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
         else:
             time.sleep(0.5)
         snap = snapshots.newest(bootstrap, topic)
+    _check_log_holds(bootstrap, model_topic, snap)
     model_cls = MODELS[snap.meta["model_class"]]
     if make_recommender is not None:   # a learning member: its kernels loaded before its first batch
         warm(snap.parts, model_cls)
@@ -161,7 +189,8 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
 
 def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: str) -> None:
     """Replace ``service``'s replica in place (an endpoint serving it keeps serving) by the
-    newest snapshot plus the model topic, as ``member``: after its member was fenced."""
+    newest snapshot plus the model topic, as ``member``: after its member was fenced, or its
+    position was deleted (``Truncated``); ``NoExactReplica`` when the newest snapshot is gone too."""
     fresh = open_replica(bootstrap, model_topic, member=member)
     feed = ModelFeed(bootstrap, model_topic, fresh.fleet, fresh.tracker.apply, native=True)
     try:
@@ -228,12 +257,15 @@ def new_member_id() -> str:
 
 class FleetReplica:
     """A read-only replica: a thread adds every accepted delta of the model topic to the service
-    that ``open_replica`` built, until ``stop`` is set."""
+    that ``open_replica`` built, until ``stop`` is set. A position the topic no longer holds
+    (``Truncated``) makes it unhealthy until it is rebuilt from the newest snapshot (tried again
+    every ``REBUILD_AFTER_S`` while that snapshot is older than the log too)."""
+
+    REBUILD_AFTER_S = 30.0
 
     def __init__(self, service: LearningService, bootstrap: str, model_topic: str):
-        self.service = service
-        self.feed = ModelFeed(bootstrap, model_topic, service.fleet, service.tracker.apply,
-                              service.follow_origin)
+        self.service, self.bootstrap, self.model_topic = service, bootstrap, model_topic
+        self.feed = self._feed()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="model-topic")
 
@@ -253,8 +285,33 @@ class FleetReplica:
                     self.service.tracker.settle()   # read to the end: the popular list too
                 contact = broker_contact(self.feed.consumer)
                 health.polled(contact.answering, contact.why, contact.since)
+            except Truncated as exc:
+                self._rebuild(exc)
             except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
                 health.broker_lost(f"{type(exc).__name__}: {exc}")
                 log_event("poll_failed", logging.WARNING, error=health.last_error)
                 time.sleep(0.5)
         self.feed.close()
+
+    def _feed(self) -> ModelFeed:
+        service = self.service
+        return ModelFeed(self.bootstrap, self.model_topic, service.fleet, service.tracker.apply,
+                         service.follow_origin)
+
+    def _rebuild(self, lost: Truncated) -> None:
+        """Serving on from a replica that skipped deltas would be silently stale: unhealthy (the
+        reason on /health) until the newest snapshot plus the model topic replace it."""
+        health = self.service.health
+        health.inexact = str(lost)
+        log_event("replica_truncated", logging.ERROR, error=health.inexact)
+        try:
+            rebuild(self.service, self.bootstrap, self.model_topic, None)
+            feed = self._feed()
+        except Exception as exc:  # noqa: BLE001 - NoExactReplica, or the broker away: try again later
+            health.inexact = f"{lost}; not rebuilt: {exc}"
+            log_event("rebuild_failed", logging.ERROR, error=health.inexact)
+            self.stop.wait(self.REBUILD_AFTER_S)
+            return
+        self.feed.close()
+        self.feed, health.inexact = feed, None
+        log_event("replica_rebuilt", position=self.service.fleet.position)

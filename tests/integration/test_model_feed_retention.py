@@ -1,0 +1,130 @@
+"""A model-topic position that retention has deleted is never read past: both readers raise
+instead of moving to the topic's end (their clients' default), ``ModelFeed`` names the lost offset
+and the log's start and applies nothing, and a replica is opened only from a snapshot whose
+position the log still holds (``stream.fleet.feed_reader``, ``model_topic.Truncated``).
+
+Tansu, the tests' broker, cannot delete records (its memory store leaves DeleteRecords
+unimplemented) nor applies retention, and answers a fetch outside its log with no records rather
+than OFFSET_OUT_OF_RANGE; so these tests run against librdkafka's own mock broker (a Kafka-protocol
+server on a loopback port, shipped in confluent-kafka), whose partitions keep only their newest
+few megabytes: writing more moves the log's start, as retention does."""
+
+import logging
+import re
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from sketchrec.models.metrics import ErrorStats
+from sketchrec.stream.fleet.feed_reader import NativeReader, OutOfRange, PythonReader
+from sketchrec.stream.fleet.model_topic import HEADER, MAX_MESSAGE_BYTES, FleetState, ModelFeed, Truncated, encode_meta
+from conftest import wait_for
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+DELTA_BYTES = 600 << 10   # under the mock's message limit; a dozen overflow what a partition keeps
+DELTAS = 12
+READ_S = 60.0   # a bound for a loaded machine; the claims are what is read, not how soon
+
+
+@pytest.fixture(scope="module")
+def mock_broker():
+    """(bootstrap, producer) of a librdkafka mock cluster, alive while the producer is."""
+    lines, log = [], logging.getLogger(f"mock-broker-{uuid.uuid4().hex[:6]}")
+    log.propagate = False
+    log.addHandler(type("Keep", (logging.Handler,), {"emit": lambda self, r: lines.append(r.getMessage())})())
+    log.setLevel(logging.DEBUG)
+    producer = confluent_kafka.Producer({"test.mock.num.brokers": 1, "debug": "mock", "logger": log})
+
+    def announced():
+        producer.poll(0.1)
+        return next((m.group(1) for m in map(re.compile(r"bootstrap\.servers=(\S+)").search, lines) if m), None)
+    bootstrap = wait_for(announced, "the mock cluster's address", timeout=30, every=0)
+    yield bootstrap, producer
+    producer.flush(10)
+
+
+@pytest.fixture()
+def python_clients(monkeypatch):
+    """kafka-python against the mock broker: its ApiVersions request pinned to a version the mock
+    answers (it answers kafka-python's newest with a reply kafka-python cannot decode)."""
+    from sketchrec.stream.kafka import consumer
+    plain = consumer.kafka_config
+    monkeypatch.setattr(consumer, "kafka_config", lambda bootstrap: {**plain(bootstrap), "api_version": (2, 3)})
+    monkeypatch.setattr("sketchrec.stream.fleet.replicas.kafka_config", consumer.kafka_config)
+
+
+def _trimmed_topic(mock_broker) -> tuple[str, int, int]:
+    """A model topic of DELTAS deltas of one member, the oldest deleted: (topic, start, end)."""
+    bootstrap, producer = mock_broker
+    topic = f"kept-{uuid.uuid4().hex[:6]}.model"
+    for n in range(DELTAS):
+        meta = encode_meta("m1", n, {0: (10 * n, 10 * n + 10)}, ErrorStats(), {})
+        producer.produce(topic, value=bytes([n]) * DELTA_BYTES, key=b"m1", partition=0, headers=[(HEADER, meta)])
+        producer.flush(30)
+    reader = NativeReader(bootstrap, topic, 0, MAX_MESSAGE_BYTES)
+    try:
+        start, end = reader.consumer.get_watermark_offsets(reader.tp, timeout=30, cached=False)
+    finally:
+        reader.close()
+    assert 0 < start < end == DELTAS, "the mock broker kept every delta: no position to lose"
+    return topic, start, end
+
+
+def _poll_until_raised(poll, error):
+    """What ``poll`` raised (an ``error``), failing if it ever returns a record or never raises."""
+    deadline = time.monotonic() + READ_S
+    while time.monotonic() < deadline:
+        try:
+            got = poll()
+        except error as exc:
+            return exc
+        assert not got, f"read {got!r} from a position the topic no longer holds"
+    pytest.fail(f"no {error.__name__} in {READ_S:g} s: the reader went on from the topic's end")
+
+
+@pytest.mark.parametrize("reader", [NativeReader, PythonReader])
+def test_a_reader_refuses_a_position_retention_deleted(mock_broker, python_clients, reader):
+    topic, start, end = _trimmed_topic(mock_broker)
+    reader = reader(mock_broker[0], topic, 0, MAX_MESSAGE_BYTES)
+    try:
+        _poll_until_raised(lambda: reader.poll(200), OutOfRange)
+        reader.seek(start)   # a position the log holds is read as ever
+        got, deadline = [], time.monotonic() + READ_S
+        while len(got) < end - start and time.monotonic() < deadline:
+            got += [r.offset for r in reader.poll(200)]
+        assert got == list(range(start, end))
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_feed_names_the_deleted_offset_and_applies_nothing(mock_broker, python_clients, native):
+    topic, start, _ = _trimmed_topic(mock_broker)
+    applied, state = [], FleetState(member="m2", position=1)
+    feed = ModelFeed(mock_broker[0], topic, state, applied.append, native=native)
+    try:
+        lost = _poll_until_raised(lambda: feed.poll(200), Truncated)
+        assert (lost.topic, lost.position, lost.start) == (topic, 1, start)
+        assert f"{topic} no longer holds offset 1 (its log starts at {start}: retention" in str(lost)
+        assert applied == [] and state.position == 1 and state.covered == {}
+        with pytest.raises(Truncated):   # and again: never read past
+            feed.catch_up(timeout=READ_S)
+    finally:
+        feed.close()
+
+
+def test_a_replica_opens_only_from_a_snapshot_the_log_follows(mock_broker, python_clients):
+    from sketchrec.stream.fleet.replicas import NoExactReplica, _check_log_holds
+    topic, start, _ = _trimmed_topic(mock_broker)
+
+    def snapshot(position):
+        return SimpleNamespace(meta={"fleet": {"position": position}})
+    _check_log_holds(mock_broker[0], topic, snapshot(start))
+    with pytest.raises(NoExactReplica, match=f"starts at offset {start}, after the newest snapshot's "
+                                             f"position {start - 1}: retention deleted"):
+        _check_log_holds(mock_broker[0], topic, snapshot(start - 1))
+    with pytest.raises(NoExactReplica, match=r"after offset 0 \(no snapshot\)"):
+        _check_log_holds(mock_broker[0], topic, None)
