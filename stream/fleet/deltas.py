@@ -246,7 +246,7 @@ class ModelReplica:
         the last refresh (and ``REFRESH_SLOT_RATINGS`` per held slot), or now if ``full``
         (before the state is read as a whole: a digest, a snapshot, a settled replica). Until
         then a held id's row lags only what collisions moved in its cells (learning on a held id
-        goes to its slot, and an apply moves the rows whose residuals it moved at once: _follow);
+        goes to its slot, and an apply moves the rows whose residuals it moved at once: route);
         its local learning is kept either way (a refresh adds it back on). ``full`` also sets the
         slots' counts back to FROZEN: the learning kernel counts each sighting of a held id
         (RAP's count), a member its own ids' only, so replicas would differ there and nowhere
@@ -287,23 +287,9 @@ class ModelReplica:
             if prefix + "_keys" in arrays:
                 self.slots.admit(arrays[prefix + "_keys"], arrays[prefix + "_families"], bases)
         if "slot_keys" in arrays:
-            keys, families, rows = arrays["slot_keys"], arrays["slot_families"], arrays["slot_rows"]
-            held = self.slots.locate(keys, families)   # as route() finds them (same membership)
-            self.slots.route(keys, families, rows, bases)
-            self._follow(held, rows)
+            # held ids' changes to S, and to their rows at once (route); the others' to the cells
+            self.slots.route(arrays["slot_keys"], arrays["slot_families"], arrays["slot_rows"], bases)
         self._went_stale()
-
-    def _follow(self, held: np.ndarray, rows: np.ndarray) -> None:
-        """The held slots' rows (and views) move by the residual changes route() added to their
-        S, at once: a row is S + the id's estimate + local learning, and only S moved. Cheaper
-        than refreshing them (which hashes each id's cells again: at M = 4 it was the apply's
-        largest part); what collisions moved in their cells waits for the next refresh (every
-        ``refresh_ratings``, and at ``ready(full=True)``), which also
-        recomputes each view from S in float64, so a settled replica is the same either way."""
-        inside = held >= 0
-        slots, change = held[inside], rows[inside].astype(np.float32)
-        self.model.heavy.cells[slots] += change   # distinct slots: one delta's ids are distinct
-        self.slots.view[slots] += change
 
     def _check(self, arrays: dict[str, np.ndarray]) -> list:
         """The delta's cell and bias entries (``entries_of``), checked."""

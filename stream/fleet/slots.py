@@ -168,14 +168,21 @@ class FleetSlots:
     def route(self, keys: np.ndarray, families: np.ndarray, rows: np.ndarray,
               bases: tuple) -> np.ndarray:
         """Another member's per-id changes: into S where the id is held, else its cells.
-        Returns the held slots whose S moved."""
+        Returns the held slots whose S moved. Their rows (and views) move by the same change at
+        once: a row is S + the id's estimate + local learning, and only S moved. Cheaper than
+        refreshing them (which hashes each id's cells again: at M = 4 it was the apply's largest
+        part); what collisions moved in their cells waits for the next full refresh, which also
+        recomputes each view from S in float64, so a settled replica is the same either way."""
         m = self.model
         slots = self.locate(keys, families)
         inside = slots >= 0
         if rows.dtype == np.float32:   # the usual case, in one pass (distinct slots: as numpy's)
-            _add_rows(self.S, slots, rows)
+            _add_rows(self.S, m.heavy.cells, self.view, slots, rows)
         else:
             self.S[slots[inside]] += rows[inside]
+            change = rows[inside].astype(np.float32)
+            m.heavy.cells[slots[inside]] += change   # distinct slots: one delta's ids are distinct
+            self.view[slots[inside]] += change
         if inside.all():
             return slots
         for family in (USER, ITEM):
@@ -348,9 +355,13 @@ def _harvest(rows, view, S, slots, change):
 
 
 @njit(nogil=True, cache=True)
-def _add_rows(S, slots, rows):
-    """S[slot] += row where the slot is held (>= 0)."""
+def _add_rows(S, cells, view, slots, rows):
+    """S, the slot row and its view += row where the slot is held (>= 0): numpy's arithmetic (S
+    in float64, the row and view in float32), in one pass."""
     for n in range(slots.shape[0]):
-        if slots[n] >= 0:
+        s = slots[n]
+        if s >= 0:
             for l in range(rows.shape[1]):
-                S[slots[n], l] += rows[n, l]
+                S[s, l] += rows[n, l]
+                cells[s, l] += rows[n, l]
+                view[s, l] += rows[n, l]
