@@ -7,7 +7,9 @@ kafka-python notices only when a request times out (``request_timeout_ms``, 30 s
 reconnection's first request times out again, so "connected" alone says nothing for about a
 minute. Contact is therefore judged by answers: a request sent more than ``SILENT_AFTER``
 seconds ago with nothing read from any broker since is a broker that does not answer. Requests
-whose own deadline is long by design (a group join waits for the whole group) are not counted.
+the broker holds by design are not counted: a group's JoinGroup and SyncGroup (the broker answers
+them once the group has formed: while its leader is dead, up to a session later), and any whose
+own deadline is long.
 The lag comes from what each fetch response carries and the consumer's position: the high
 watermark, or for a ``read_committed`` consumer the last stable offset below it when a transaction
 is open (its messages cannot be read before it ends: waiting for them is no stall), which
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from sketchrec.stream.kafka import internals
 
 SILENT_AFTER = 3.0        # seconds an ordinary request may wait before the broker counts as silent
-LONG_REQUEST_S = 60.0     # requests allowed longer than this (group joins) do not count
+LONG_REQUEST_S = 60.0     # requests allowed longer than this do not count
+GROUP_WAITS = frozenset({11, 14})   # JoinGroup, SyncGroup: held by the broker while the group forms
 
 
 @dataclass(frozen=True)
@@ -40,16 +43,18 @@ def broker_contact(client_owner, silent_after: float = SILENT_AFTER, now: float 
     its brokers. Unknown internals (another kafka-python: ``kafka.internals``) count as
     answering: no false alarm.
 
-    >>> class Conn:
-    ...     connected, in_flight_requests = True, [(1, None, 90.0, 120.0, None)]
-    ...     class transport: last_read = 89.0
-    >>> class Manager: _conns = {0: Conn()}
-    >>> class Client: _manager = Manager()
-    >>> class Consumer: _client = Client()
-    >>> broker_contact(Consumer(), now=92.0).answering    # asked 2 s ago: still waiting
+    >>> from types import SimpleNamespace as NS
+    >>> fetch = NS(correlation_id=1, request_api_key=1)
+    >>> conn = NS(connected=True, in_flight_requests=[(1, None, 90.0, 120.0, None)],
+    ...           parser=NS(in_flight_requests=[fetch]), transport=NS(last_read=89.0))
+    >>> consumer = NS(_client=NS(_manager=NS(_conns={0: conn})))
+    >>> broker_contact(consumer, now=92.0).answering    # asked 2 s ago: still waiting
     True
-    >>> broker_contact(Consumer(), now=95.0)
+    >>> broker_contact(consumer, now=95.0)
     Contact(answering=False, since=90.0, why='broker not answering (a request unanswered for 5 s)')
+    >>> fetch.request_api_key = 14   # a SyncGroup the broker holds: a wait, not silence
+    >>> broker_contact(consumer, now=95.0).answering
+    True
     """
     now = time.monotonic() if now is None else now
     try:
@@ -60,8 +65,8 @@ def broker_contact(client_owner, silent_after: float = SILENT_AFTER, now: float 
         if not conns:
             return Contact(False, None, "no broker connection")
         last_read = max(c.transport.last_read for c in conns)
-        asked = [sent for c in conns for (_, _, sent, deadline, _) in list(c.in_flight_requests)
-                 if deadline - sent <= LONG_REQUEST_S]
+        asked = [sent for c in conns for key, sent, deadline in internals.unanswered(c)
+                 if key not in GROUP_WAITS and deadline - sent <= LONG_REQUEST_S]
     except (AttributeError, RuntimeError, TypeError, ValueError):
         # RuntimeError: the IO thread changed a deque while it was copied; judge at the next poll
         return Contact(True)

@@ -216,6 +216,17 @@ def connections(client_owner) -> list | None:
     return list(client_owner._client._manager._conns.values())
 
 
+def unanswered(conn) -> list[tuple[int | None, float, float]]:
+    """(API key, when sent, deadline: monotonic seconds) of each request a connection of
+    ``connections`` awaits an answer to. 3.0 keeps the times in the connection's in-flight deque
+    and the request headers, which name the API, in its protocol parser's, both by correlation id
+    (the key None when the parser's is gone: answered meanwhile, or no parser yet)."""
+    parser = getattr(conn, "parser", None)
+    headers = list(parser.in_flight_requests) if parser is not None else []
+    keys = {h.correlation_id: h.request_api_key for h in headers}
+    return [(keys.get(cid), sent, deadline) for cid, _, sent, deadline, _ in list(conn.in_flight_requests)]
+
+
 def track_stable_offsets(consumer) -> bool:
     """Keep, on the consumer's fetcher, each partition's last stable offset from every fetch
     response it parses (kafka-python reads it and drops it; ``stable_offsets`` returns them).
