@@ -128,3 +128,23 @@ def test_a_replica_opens_only_from_a_snapshot_the_log_follows(mock_broker, pytho
         _check_log_holds(mock_broker[0], topic, snapshot(start - 1))
     with pytest.raises(NoExactReplica, match=r"after offset 0 \(no snapshot\)"):
         _check_log_holds(mock_broker[0], topic, None)
+
+
+def test_a_serve_replica_rebuilds_itself_in_place_and_is_healthy_again(kafka_bootstrap):
+    """On Tansu: what a read-only replica does with ``Truncated`` (the rebuild from the newest
+    snapshot, a feed of the new state, /health clear again), the loss itself handed to it."""
+    from sketchrec.models import SketchMF
+    from sketchrec.stream.fleet.replicas import FleetReplica, open_replica
+    from sketchrec.stream.recommender import Recommender
+    topic = f"rebuilt-{uuid.uuid4().hex[:6]}.model"
+    open_replica(kafka_bootstrap, topic, lambda: Recommender(SketchMF(capacity=64, seed=0), pair_capacity=256),
+                 member="m1")   # the first member: writes the first snapshot
+    service = open_replica(kafka_bootstrap, topic)
+    replica = FleetReplica(service, kafka_bootstrap, topic)
+    old_feed, old_model = replica.feed, service.recommender
+    try:
+        replica._rebuild(Truncated(topic, 0, 0))
+        assert service.health.problems() == [] and service.recommender is not old_model
+        assert replica.feed is not old_feed and replica.feed.state is service.fleet
+    finally:
+        replica.feed.close()
