@@ -50,10 +50,14 @@ def mock_broker():
 def python_clients(monkeypatch):
     """kafka-python against the mock broker: its ApiVersions request pinned to a version the mock
     answers (it answers kafka-python's newest with a reply kafka-python cannot decode)."""
+    from sketchrec.stream.fleet import replicas   # imported first: it binds kafka_config at import
     from sketchrec.stream.kafka import consumer
     plain = consumer.kafka_config
-    monkeypatch.setattr(consumer, "kafka_config", lambda bootstrap: {**plain(bootstrap), "api_version": (2, 3)})
-    monkeypatch.setattr("sketchrec.stream.fleet.replicas.kafka_config", consumer.kafka_config)
+
+    def pinned(bootstrap: str) -> dict:
+        return {**plain(bootstrap), "api_version": (2, 3)}
+    monkeypatch.setattr(consumer, "kafka_config", pinned)
+    monkeypatch.setattr(replicas, "kafka_config", pinned)
 
 
 def _trimmed_topic(mock_broker) -> tuple[str, int, int]:
