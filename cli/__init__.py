@@ -10,6 +10,7 @@ import argparse
 import faulthandler
 import importlib
 import io
+import os
 import signal
 import sys
 from typing import Callable
@@ -48,8 +49,26 @@ def _extras_checked(feature: str, run: Callable[[], int], argv: list[str]) -> in
         return 2
 
 
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def one_blas_thread() -> None:
+    """One BLAS thread in this process and the processes it starts, unless the operator set one
+    of ``BLAS_THREADS``. Our BLAS calls are small (a chunk's squared errors, a catalogue's scores
+    for one user); one large enough for OpenBLAS to split over threads leaves its workers spinning
+    after it, taking a core the learner, the HTTP server or a fleet's other members needed (a
+    consumer learning large polls lost a good share of its CPU to that spin)."""
+    if any(os.environ.get(name) for name in BLAS_THREADS):
+        return
+    for name in BLAS_THREADS:   # children read it when they load numpy
+        os.environ[name] = "1"
+    from threadpoolctl import threadpool_limits   # this process loaded numpy's BLAS already
+    threadpool_limits(1, user_api="blas")
+
+
 def replay_main(argv: list[str] | None = None, prog: str = "replay") -> int:
     """The `replay` console script (``cli.replay.replay_main``; a missing extra: one line, exit 2)."""
+    one_blas_thread()
     # imported here, on the main thread: the other commands (a consumer, a server) do not pay for it
     from sketchrec.cli.replay import replay_main as _replay_main
     argv = sys.argv[1:] if argv is None else argv
@@ -69,6 +88,7 @@ def command(name: str) -> Callable[[list[str]], int]:
 
 def sketchrec_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    one_blas_thread()
     # `kill -USR1 PID` prints every thread's stack to stderr (a long-running service that stops
     # making progress can say where, without stopping it)
     if hasattr(signal, "SIGUSR1"):
