@@ -15,7 +15,7 @@ from sketchrec.versions import Checked
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("sketchrec", "sketches", "models", "privacy", "stream", "replay", "cli", "benchmarks", "experiments")
 KAFKA_PRIVATE = {"_client", "_fetcher", "_subscription", "_buffer", "_maybe_uncompress", "_num_records",
-                 "_manager", "_conns", "_next_partition_records", "_parse_fetched_data"}
+                 "_manager", "_conns", "_next_partition_records", "_parse_fetched_data", "in_flight_requests"}
 
 
 def _kafka(node) -> bool:
