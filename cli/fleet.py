@@ -80,8 +80,8 @@ def run_member(config) -> int:
                   f"snapshot and the model topic, rejoining as {member}", file=sys.stderr, flush=True)
             # a fleet member serves from its own process (serving.shared.shareable), whose
             # endpoint reads service.recommender at every request: the swap is all it needs
-            rejoined = _rejoin(lambda: (rebuild(service, config.bootstrap, fleet.model_topic, member),
-                                        config.serving.bound(service)),
+            rejoined = _rejoin(lambda: rebuild(service, config.bootstrap, fleet.model_topic, member,
+                                               bound=config.serving.bound),
                                lambda: join(service), stopping, service.health)
             if rejoined is None:
                 break   # stopped while the broker was still away
@@ -175,7 +175,7 @@ def serve_replica(args, serving) -> int:
     try:
         service = serving.bound(open_replica(args.bootstrap, topic, wait=args.wait))
         accountant_first(service)   # before the model topic's thread starts (start_server's own call finds it loaded)
-        replica = FleetReplica(service, args.bootstrap, topic).start()
+        replica = FleetReplica(service, args.bootstrap, topic, bound=serving.bound).start()
     except (KafkaError, TimeoutError, NoExactReplica) as exc:
         print(f"sketchrec serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -46,21 +46,29 @@ def ensure_fleet_topics(bootstrap: str, model_topic: str) -> None:
 
 
 class NoExactReplica(RuntimeError):
-    """The model topic starts after the newest snapshot's position: retention deleted deltas that
-    no snapshot holds, so no replica of this fleet can be made exact (one line at the CLI)."""
+    """The model topic starts after the newest snapshot's position (retention deleted deltas that
+    no snapshot holds) or ends before it (the topic was made again): no replica of this fleet
+    can be made exact (one line at the CLI)."""
 
 
 def _check_log_holds(bootstrap: str, model_topic: str, snap) -> None:
     """NoExactReplica unless the model topic still holds every delta after ``snap`` (None: the
-    empty model, position 0), as ``snapshots._load`` skips a snapshot whose chunks are gone."""
+    empty model, position 0), as ``snapshots._load`` skips a snapshot whose chunks are gone, and
+    reaches its position."""
     from kafka import KafkaConsumer, TopicPartition
     consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False)
     try:
         tp = TopicPartition(model_topic, 0)
-        start = consumer.beginning_offsets([tp])[tp]
+        start, end = consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp]
     finally:
         consumer.close(autocommit=False)
     position = snap.meta["fleet"]["position"] if snap is not None else 0
+    if position > end:   # a rebuild from it would read nothing and be handed Truncated again
+        raise NoExactReplica(
+            f"{model_topic} ends at offset {end}, before the newest snapshot's position {position}: "
+            "the model topic was deleted and made again since (its snapshot topic kept), so no "
+            "replica of this fleet can be made exact; start a new fleet on another --model-topic "
+            "(or delete its snapshot topic too)")
     if position < start:
         what = f"the newest snapshot's position {position}" if snap is not None else "offset 0 (no snapshot)"
         raise NoExactReplica(
@@ -187,10 +195,13 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
     return service
 
 
-def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: str) -> None:
+def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: str,
+            bound=None) -> None:
     """Replace ``service``'s replica in place (an endpoint serving it keeps serving) by the
     newest snapshot plus the model topic, as ``member``: after its member was fenced, or its
-    position was deleted (``Truncated``); ``NoExactReplica`` when the newest snapshot is gone too."""
+    position was deleted (``Truncated``); ``NoExactReplica`` when the newest snapshot is gone too.
+    ``bound``: what the serving options do to a replica (``--max-items``), done to the new one
+    before it is swapped in, as to the first."""
     fresh = open_replica(bootstrap, model_topic, member=member)
     feed = ModelFeed(bootstrap, model_topic, fresh.fleet, fresh.tracker.apply, native=True)
     try:
@@ -198,6 +209,8 @@ def rebuild(service: LearningService, bootstrap: str, model_topic: str, member: 
         fresh.tracker.settle()
     finally:
         feed.close()
+    if bound is not None:
+        bound(fresh)
     for name in ("errors", "skipped", "offsets", "fleet", "tracker", "last_checkpoint", "model_cls"):
         setattr(service, name, getattr(fresh, name))
     service.recommender = fresh.recommender   # last: one reference swap for the endpoint
@@ -263,8 +276,9 @@ class FleetReplica:
 
     REBUILD_AFTER_S = 30.0
 
-    def __init__(self, service: LearningService, bootstrap: str, model_topic: str):
+    def __init__(self, service: LearningService, bootstrap: str, model_topic: str, bound=None):
         self.service, self.bootstrap, self.model_topic = service, bootstrap, model_topic
+        self.bound = bound   # the serving options' (``rebuild``): a rebuilt replica keeps them
         self.feed = self._feed()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="model-topic")
@@ -305,7 +319,7 @@ class FleetReplica:
         health.inexact = str(lost)
         log_event("replica_truncated", logging.ERROR, error=health.inexact)
         try:
-            rebuild(self.service, self.bootstrap, self.model_topic, None)
+            rebuild(self.service, self.bootstrap, self.model_topic, None, bound=self.bound)
             feed = self._feed()
         except Exception as exc:  # noqa: BLE001 - NoExactReplica, or the broker away: try again later
             health.inexact = f"{lost}; not rebuilt: {exc}"

@@ -122,11 +122,17 @@ def test_a_feed_names_the_deleted_offset_and_applies_nothing(mock_broker, python
 
 def test_a_replica_opens_only_from_a_snapshot_the_log_follows(mock_broker, python_clients):
     from sketchrec.stream.fleet.replicas import NoExactReplica, _check_log_holds
-    topic, start, _ = _trimmed_topic(mock_broker)
+    topic, start, end = _trimmed_topic(mock_broker)
 
     def snapshot(position):
         return SimpleNamespace(meta={"fleet": {"position": position}})
     _check_log_holds(mock_broker[0], topic, snapshot(start))
+    _check_log_holds(mock_broker[0], topic, snapshot(end))   # nothing after it yet
+    # past the end: the topic was made again since the snapshot (a rebuild from it would read
+    # nothing, be handed Truncated at its first poll, and rebuild again, forever)
+    with pytest.raises(NoExactReplica, match=f"ends at offset {end}, before the newest snapshot's "
+                                             f"position {end + 5}"):
+        _check_log_holds(mock_broker[0], topic, snapshot(end + 5))
     with pytest.raises(NoExactReplica, match=f"starts at offset {start}, after the newest snapshot's "
                                              f"position {start - 1}: retention deleted"):
         _check_log_holds(mock_broker[0], topic, snapshot(start - 1))
@@ -152,3 +158,30 @@ def test_a_serve_replica_rebuilds_itself_in_place_and_is_healthy_again(kafka_boo
         assert replica.feed is not old_feed and replica.feed.state is service.fleet
     finally:
         replica.feed.close()
+
+
+def test_a_serve_replica_rebuilt_in_place_keeps_its_serving_options(kafka_bootstrap):
+    """`serve --max-items N` holds a rebuilt replica's catalogue as it held the first one's (the
+    broken variant, a replica made without the options' bound, serves the snapshot's whole catalogue)."""
+    from sketchrec.cli.config import ServingSettings
+    from sketchrec.models import SketchMF
+    from sketchrec.stream.fleet.replicas import FleetReplica, open_replica
+    from sketchrec.stream.recommender import Recommender
+
+    def first():   # the first member's state: 20 items learned
+        rec = Recommender(SketchMF(capacity=64, seed=0), pair_capacity=256)
+        rec.learn_many(list(range(20)), list(range(100, 120)), [4.0] * 20)
+        return rec
+    topic = f"bounded-{uuid.uuid4().hex[:6]}.model"
+    open_replica(kafka_bootstrap, topic, first, member="m1")
+    serving = ServingSettings(max_items=4)
+    held = {}
+    for bound in (serving.bound, None):
+        service = serving.bound(open_replica(kafka_bootstrap, topic))   # as `serve` opens it
+        replica = FleetReplica(service, kafka_bootstrap, topic, bound=bound)
+        try:
+            replica._rebuild(Truncated(topic, 0, 0))
+        finally:
+            replica.feed.close()
+        held[bound is None] = (service.recommender.catalogue.max_items, len(service.recommender.catalogue))
+    assert held[False][0] == 4 and 0 < held[False][1] <= 4 and held[True][1] == 20, held

@@ -26,6 +26,7 @@ def _replica() -> FleetReplica:
     replica.service = SimpleNamespace(health=Health(), fleet=SimpleNamespace(position=40))
     replica.bootstrap, replica.model_topic = "broker:9092", "t.model"
     replica.feed, replica.stop = Feed(), threading.Event()
+    replica.bound = print   # the serving options' bound (any callable): handed to the rebuild
     return replica
 
 
@@ -35,7 +36,7 @@ def test_a_truncated_replica_is_unhealthy_until_rebuilt(monkeypatch):
     waits = []
     monkeypatch.setattr(replica.stop, "wait", waits.append)
 
-    def too_old(*args):
+    def too_old(*args, **kw):
         raise NoExactReplica("t.model starts at offset 40, after the newest snapshot's position 30")
     monkeypatch.setattr(replicas, "rebuild", too_old)
     replica._rebuild(lost)
@@ -45,10 +46,10 @@ def test_a_truncated_replica_is_unhealthy_until_rebuilt(monkeypatch):
     assert waits == [FleetReplica.REBUILD_AFTER_S] and replica.feed is old and not old.closed
 
     rebuilt = []
-    monkeypatch.setattr(replicas, "rebuild", lambda *args: rebuilt.append(args))
+    monkeypatch.setattr(replicas, "rebuild", lambda *args, **kw: rebuilt.append((args, kw)))
     monkeypatch.setattr(replica, "_feed", lambda: new)
     replica._rebuild(lost)
-    assert rebuilt == [(replica.service, "broker:9092", "t.model", None)]
+    assert rebuilt == [((replica.service, "broker:9092", "t.model", None), {"bound": print})]
     assert replica.service.health.problems() == [] and replica.feed is new and old.closed
 
 
