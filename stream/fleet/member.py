@@ -221,10 +221,10 @@ class FleetLearner(KafkaLearner):
         if chunk:
             yield chunk
 
-    def _chunk_messages(self) -> int:
+    def _chunk_messages(self) -> int:   # whole messages reaching the interval (fewer: a take every other chunk)
         if self.per_message is None:
             return 1
-        return max(1, int(self.chunk_ratings / self.per_message))
+        return max(1, int(-(-self.chunk_ratings // self.per_message)))
 
     def _pace(self) -> None:
         """``sync_ratings`` bounds how far learners drift apart (each learns from a replica

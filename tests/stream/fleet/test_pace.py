@@ -66,3 +66,14 @@ def test_a_given_interval_is_paced_like_the_default_one():
     assert _member(None, held={0}, rate=0.05) == min(hot, sync_interval(4))
     assert _member(2_000, held={0}, rate=0.001) == 2_000   # nothing hot: N as given
     assert _member(2_000, held={0, 1}, rate=0.05) == 2_000   # two members: no bound
+
+
+def test_a_members_chunks_reach_its_interval_in_whole_messages():
+    """A chunk of whole messages at least the interval long: one short of it (6 messages of 100
+    ratings at 666) left the interval's count unmet until the next chunk, a take every 1,200."""
+    from sketchrec.stream.fleet.member import FleetLearner
+    member = object.__new__(FleetLearner)
+    member.chunk_ratings = 666
+    for per_message, messages in ((100.0, 7), (1.0, 666), (2_000.0, 1)):
+        member.per_message = per_message
+        assert member._chunk_messages() == messages
