@@ -234,7 +234,10 @@ class ModelReplica:
     def refresh_every(self, ratings: int) -> None:
         """A deferred replica refreshes every held slot once its model learned or applied
         ``ratings`` ratings since the last refresh (a fleet member: ``pace.full_refresh_ratings``)."""
-        self.refresh_ratings = self._wait = max(1, int(ratings))
+        ratings = max(1, int(ratings))
+        # a member sets it at every poll: the wait the slots last gave is kept (see _due)
+        self._wait = max(self._wait, ratings) if ratings == self.refresh_ratings else ratings
+        self.refresh_ratings = ratings
 
     def _went_stale(self) -> None:
         self.stale = True

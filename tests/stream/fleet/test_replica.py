@@ -344,3 +344,25 @@ def test_ids_heavy_in_a_batch_learn_it_in_their_slots_and_the_replicas_agree(mon
     monkeypatch.setattr(ModelReplica, "touched", lambda self, u, i, touched=ModelReplica.touched: (
         setattr(self, "_late", (u, i)), touched(self, u, i))[1])
     assert users_learned_in_slots() == 0
+
+
+def test_a_period_set_again_at_every_poll_keeps_the_held_slots_wait():
+    """A member sets its refresh period at every poll (``refresh_every``): the wait its held slots
+    gave is kept, so they are counted once per wait, not at every poll's first batch (the broken
+    variant, resetting the wait to the period, counted them at nearly every poll)."""
+    from sketchrec.stream.fleet.deltas import REFRESH_SLOT_RATINGS, ModelReplica
+    a, b = SketchMF(dim=4, width=512, heavy_slots=64), SketchMF(dim=4, width=512, heavy_slots=64)
+    ra, rb = ModelReplica(a), ModelReplica(b, deferred=True)
+    rng, counted, held = np.random.default_rng(0), [], rb.slots.held
+    rb.slots.held = lambda: (counted.append(1), held())[1]
+    polls, batches, size = 20, 5, 50
+    for _ in range(polls):
+        rb.refresh_every(100)   # as a member's _pace: the same period at every poll
+        for _ in range(batches):
+            u, i = rng.integers(0, 40, size), rng.integers(0, 40, size)
+            ra.ahead(u, i)
+            a.learn_many(u, i, rng.integers(1, 6, size).astype(float))
+            rb.apply(ra.take())
+    waits = polls * batches * size // (REFRESH_SLOT_RATINGS * len(held()))
+    # each wait: one count of the slots and one full refresh (which walks them), and the first count
+    assert len(held()) > 0 and len(counted) <= 3 * waits + 1, (len(counted), waits)
