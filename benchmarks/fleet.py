@@ -122,6 +122,7 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
                            f"be those of {n} learners; run the benchmark again")
     for report, series in zip(reports, samples):
         report["cpu_learning_s"] = cpu_between(series, report["first_at"], report["last_at"])
+        report["cpu_main_thread_s"] = cpu_between(series, report["first_at"], report["last_at"], column=2)
     return reports
 
 
@@ -346,8 +347,11 @@ def measure(args: argparse.Namespace) -> dict:
         for m in args.members:
             reports = members(args.bootstrap, copies, batch, m, capacity, args.sync_ratings)
             learned = sum(rep["own_ratings"] for rep in reports)
-            cpu = sum(rep["cpu_learning_s"] for rep in reports) / max(learned, 1)
+            spent = sum(rep["cpu_learning_s"] for rep in reports)
+            cpu = spent / max(learned, 1)
             r["members"][str(m)] = {
+                # the Kafka clients' threads (input, model topic, producer) and the HTTP server's
+                "other_threads_share": 1 - sum(rep["cpu_main_thread_s"] for rep in reports) / max(spent, 1e-9),
                 "ratings_per_s": fleet_rate(reports), "learned": learned,
                 "cpu_us_per_rating": cpu * 1e6, "cpu_per_rating_ratio": cpu / plain_cpu,
                 "delta_bytes_per_rating": sum(rep["published_bytes"] for rep in reports) / n,

@@ -16,11 +16,11 @@ from sketchrec.data import Ratings
 from sketchrec.stream.kafka.consumer import KafkaLearner, resume_or_create
 
 
-def cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
     """CPU-seconds (user + system, every thread) process ``pid`` has used so far (/proc), or None
-    once it is gone."""
+    once it is gone; with ``thread``, that thread's alone (its main thread: ``thread=pid``)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat", "rb") as f:
             fields = f.read().rpartition(b")")[2].split()
     except OSError:
         return None
@@ -28,23 +28,27 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def _sample_cpu(procs: list, samples: list, done: threading.Event, every: float = 0.05) -> None:
-    """(wall clock, CPU-seconds) of each running member every ``every`` s, until ``done``."""
+    """(wall clock, CPU-seconds, its main thread's CPU-seconds) of each running member every
+    ``every`` s, until ``done``."""
     while not done.is_set():
         for proc, series in zip(procs, samples):
             if proc.poll() is None:
-                used = cpu_seconds(proc.pid)
-                if used is not None:
-                    series.append((time.time(), used))
+                used, main = cpu_seconds(proc.pid), cpu_seconds(proc.pid, proc.pid)
+                if used is not None and main is not None:
+                    series.append((time.time(), used, main))
         done.wait(every)
 
 
-def cpu_between(series: list[tuple[float, float]], start: float | None, end: float | None) -> float:
+def cpu_between(series: list[tuple[float, ...]], start: float | None, end: float | None,
+                column: int = 1) -> float:
     """CPU-seconds a member spent from ``start`` to ``end`` (wall clock, its first and last
-    learned batch), interpolated in its samples: its learning and syncing, not its start-up
-    (imports, kernels loaded, the model topic read) nor its idle wait before exiting."""
+    learned batch), interpolated in its samples (``column`` 2: its main thread's): its learning
+    and syncing, not its start-up (imports, kernels loaded, the model topic read) nor its idle
+    wait before exiting."""
     if not series or start is None or end is None:
         return 0.0
-    times, used = np.array(series, dtype=float).T
+    samples = np.array(series, dtype=float)
+    times, used = samples[:, 0], samples[:, column]
     return float(np.interp(end, times, used) - np.interp(start, times, used))
 
 

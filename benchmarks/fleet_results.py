@@ -90,15 +90,17 @@ def cpu_markdown(report: dict, command: str, load: str | None = None) -> str:
     lines = [f"Command: `{command}` ({report['ratings']:,} ratings through a local broker, 4 partitions; "
              f"members are separate `consume --fleet` processes syncing {interval}; {load or _load()}).", "",
              "| message form | M | plain learner CPU-µs/rating | fleet CPU-µs/rating (all members) | ratio "
-             "| delta bytes/rating | ratings per delta | projected on M cores (ratings/s) | × one plain learner |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| members' CPU outside their main thread | delta bytes/rating | ratings per delta "
+             "| projected on M cores (ratings/s) | × one plain learner |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for form in forms:
         r = report[form]
         plain = r["plain_cpu_us_per_rating"]
         for m, f in r["members"].items():
             rate = projected_rate(int(m), f["cpu_us_per_rating"])
+            other = f"{100 * f['other_threads_share']:.0f} %" if "other_threads_share" in f else ""
             lines.append(f"| {_form_name(form)} | {m} | {plain:.2f} | {f['cpu_us_per_rating']:.2f} | "
-                         f"{f['cpu_per_rating_ratio']:.2f}× | {f['delta_bytes_per_rating']:.0f} | "
+                         f"{f['cpu_per_rating_ratio']:.2f}× | {other} | {f['delta_bytes_per_rating']:.0f} | "
                          f"{f['ratings_per_delta']:,.0f} | {rate:,.0f} | {rate * plain * 1e-6:.2f}× |")
     for form in forms:   # wall-clock rates: the machine's load's, beside the CPU figures that carry over
         r = report[form]

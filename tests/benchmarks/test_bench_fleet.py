@@ -25,6 +25,24 @@ def test_cpu_seconds_counts_this_process_work_and_nothing_once_gone():
     assert cpu_seconds(2 ** 22 + 7) is None   # beyond pid_max's default: no such process
 
 
+def test_a_members_main_thread_is_told_from_its_other_threads():
+    """The share of a member's CPU outside its main thread (its Kafka clients' threads): a thread
+    that burns CPU while the main thread waits shows in the process's figure, not the main one's."""
+    import threading
+    pid, samples = os.getpid(), []
+    samples.append((0.0, cpu_seconds(pid), cpu_seconds(pid, pid)))
+
+    def burn():
+        deadline = time.thread_time() + 0.3
+        while time.thread_time() < deadline:
+            pass
+    worker = threading.Thread(target=burn)
+    worker.start()
+    worker.join()
+    samples.append((1.0, cpu_seconds(pid), cpu_seconds(pid, pid)))
+    assert cpu_between(samples, 0.0, 1.0) >= 0.25 and cpu_between(samples, 0.0, 1.0, column=2) < 0.1
+
+
 def test_the_in_process_breakdown_counts_every_step_of_the_sync():
     from sketchrec.benchmarks.fleet import sync_breakdown
     from sketchrec.data import SyntheticStream
