@@ -20,7 +20,7 @@ def report(member_cpu_us: float) -> dict:
     rating, fleets of 2 and 4 members."""
     members = {str(m): {"ratings_per_s": 1000.0 * m, "learned": 200_000, "cpu_us_per_rating": member_cpu_us * m,
                         "cpu_per_rating_ratio": member_cpu_us * m / 2.0, "delta_bytes_per_rating": 100.0 * m,
-                        "ratings_per_delta": 2000.0 / m} for m in (2, 4)}
+                        "ratings_per_delta": 2000.0 / m, "other_threads_share": 0.1 * m} for m in (2, 4)}
     out = {"ratings": 200_000, "sync_ratings": None,
            "batched_100": {"bare_consume_ratings_per_s": 3e6, "bare_compiled_reader_ratings_per_s": 4e6,
                            "plain_learner_ratings_per_s": 5e5, "plain_cpu_us_per_rating": 2.0, "members": members}}
@@ -52,8 +52,8 @@ def test_the_cpu_block_is_written_then_replaced_whole(tmp_path, monkeypatch):
     assert "`sketchrec bench fleet --bootstrap 127.0.0.1:1 --json --results" in text
     # M = 2 spends 8 CPU-µs per rating in all: 2 / 8e-6 = 250,000 ratings/s on two cores, 0.5× a
     # plain learner at 2 CPU-µs (500,000/s on one)
-    assert "| 100 ratings per message | 2 | 2.00 | 8.00 | 4.00× | 200 | 1,000 | 250,000 | 0.50× |" in text
-    assert "| 100 ratings per message | 4 | 2.00 | 16.00 | 8.00× | 400 | 500 | 250,000 | 0.50× |" in text
+    assert "| 100 ratings per message | 2 | 2.00 | 8.00 | 4.00× | 20 % | 200 | 1,000 | 250,000 | 0.50× |" in text
+    assert "| 100 ratings per message | 4 | 2.00 | 16.00 | 8.00× | 40 % | 400 | 500 | 250,000 | 0.50× |" in text
     assert '"cpu_per_rating_ratio": {"2": 4.0, "4": 8.0}' in text
     assert "the plain learner 500,000/s, 2 members 2,000/s, 4 members 4,000/s while all learned" in text
 
