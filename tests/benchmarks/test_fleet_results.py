@@ -61,7 +61,7 @@ def test_the_cpu_block_is_written_then_replaced_whole(tmp_path, monkeypatch):
     fleet.main(["--bootstrap", "127.0.0.1:1", "--json", "--results", str(page)])
     text = page.read_text()
     assert text.count(fleet_results.CPU_BEGIN) == 1 and "| 4.00× |" not in text
-    assert "| 100 ratings per message | 2 | 2.00 | 2.00 | 1.00× | 200 | 1,000 | 1,000,000 | 2.00× |" in text
+    assert "| 100 ratings per message | 2 | 2.00 | 2.00 | 1.00× | 20 % | 200 | 1,000 | 1,000,000 | 2.00× |" in text
     assert "suite figures" in text and "old accuracy" in text
 
 
