@@ -298,7 +298,7 @@ class FleetLearner(KafkaLearner):
             return
         meta = encode_meta(self.state.member, self.seq, covers, self.errors, self.skipped_since,
                            origin=self.service.take_origin())
-        # one request in flight (model_producer): the topic holds the deltas in this order
+        # an idempotent producer (model_producer): the topic holds the deltas in this order
         self.inflight.append(self.model_producer.send(
             self.model_topic, value=blob or b"", key=self.state.member.encode(), partition=0,
             headers=[(HEADER, meta)]))

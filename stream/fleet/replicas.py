@@ -79,10 +79,10 @@ def _check_log_holds(bootstrap: str, model_topic: str, snap) -> None:
 
 
 def model_producer(bootstrap: str):
-    # one request in flight: deltas reach the topic in the order they were taken
-    from kafka import KafkaProducer
-    return KafkaProducer(**kafka_config(bootstrap), acks="all", linger_ms=0,
-                         max_in_flight_requests_per_connection=1, max_request_size=MAX_MESSAGE_BYTES)
+    """The producer of a fleet's deltas, claims and snapshots: idempotent, so they reach the
+    topic in the order they were sent (``kafka.native_producer``: librdkafka)."""
+    from sketchrec.stream.kafka.native_producer import NativeProducer
+    return NativeProducer(bootstrap, MAX_MESSAGE_BYTES)
 
 
 class FleetService(LearningService):
