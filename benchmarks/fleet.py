@@ -119,7 +119,7 @@ def members(bootstrap: str, copies: Ratings, batch: int, n: int, capacity: int,
     idle = sum(report["first_at"] is None for report in reports)
     if idle:   # its partitions went to the others (a session lost on a loaded machine)
         raise RuntimeError(f"{idle} of the {n} fleet members learned nothing: the figures would not "
-                           f"be those of {n} learners; run the benchmark again")
+                           f"be those of {n} learners; run the benchmark again (their logs end: {tails})")
     for report, series in zip(reports, samples):
         report["cpu_learning_s"] = cpu_between(series, report["first_at"], report["last_at"])
         report["cpu_main_thread_s"] = cpu_between(series, report["first_at"], report["last_at"], column=2)
