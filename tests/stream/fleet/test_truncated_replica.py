@@ -54,8 +54,20 @@ def test_a_truncated_replica_is_unhealthy_until_rebuilt(monkeypatch):
 
 
 def test_a_truncated_position_fences_a_member():
-    # FleetLearner's handlers of Fenced (its reads, claims, snapshots, last read) rebuild it
-    assert isinstance(Truncated("t.model", 7, 40), Fenced)
+    """A member whose read of the model topic is handed ``Truncated`` is fenced (then rebuilt by
+    `consume --fleet`), not counted as a broker outage and read again (which would skip nothing
+    but stall it for good: the position is gone)."""
+    from sketchrec.stream.fleet.member import FleetLearner
+    member = object.__new__(FleetLearner)
+    member.fenced, member.stop = None, threading.Event()
+    lost = Truncated("t.model", 7, 40)
+
+    def poll(timeout_ms):
+        raise lost
+    member.feed = SimpleNamespace(poll=poll)
+    member.outages = SimpleNamespace(failed=lambda *a, **k: pytest.fail("counted as an outage"))
+    assert member._read_feed(0) == 0
+    assert isinstance(member.fenced, Fenced) and str(member.fenced) == str(lost) and member.stop.is_set()
 
 
 def test_a_member_with_no_snapshot_the_log_follows_stops_rather_than_retrying():
