@@ -87,10 +87,12 @@ class Truncated(Fenced):
 
     def __init__(self, topic: str, position: int, start: int):
         self.topic, self.position, self.start = topic, position, start
-        why = ("retention deleted deltas this replica has not applied" if start > position else
-               "past its end: was the topic deleted and created again?")
-        super().__init__(f"{topic} no longer holds offset {position} (its log starts at {start}: "
-                         f"{why}); rebuild it from a newer snapshot")
+        why = ("retention deleted deltas this replica has not applied); rebuild it from a newer "
+               "snapshot" if start > position else
+               "past its end: the topic was deleted and made again since this replica's "
+               "snapshot); rebuild it from a snapshot of the new topic if a member wrote one, "
+               "else start a new fleet on another --model-topic")
+        super().__init__(f"{topic} no longer holds offset {position} (its log starts at {start}: {why}")
 
 
 def model_topic(topic: str, given: str | None = None) -> str:
