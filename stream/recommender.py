@@ -84,8 +84,9 @@ class Recommender:
         self.observers: list = []
         # called with no arguments before every learned batch (replica.py: deferred refreshes)
         self.before_learning: list = []
-        # called with a batch's users and items before it is learned (a fleet replica counts
-        # their sightings first, so that ids heavy in the batch learn it in their slots)
+        # called with a batch's user and item keys and its real rows before it is learned (a
+        # fleet replica counts their sightings first, so that ids heavy in the batch learn it in
+        # their slots)
         self.before_batch: list = []
         # runtime state, never checkpointed
         self.refresh_s = refresh_s
@@ -127,11 +128,15 @@ class Recommender:
         for prepare in self.before_learning:
             prepare()
         users, items = np.asarray(users), np.asarray(items)
-        for prepare in self.before_batch:
-            prepare(users, items)
+        real, ids = real_rows(users), (users, items)
+        if self.before_batch:
+            # hashed once, for the hooks and the learner alike (which takes uint64 keys as they
+            # are): the hooks hashing the batch again cost a fleet replica's learning a share
+            ids = self.id_keys.as_keys(users), self.id_keys.as_keys(items)
+            for prepare in self.before_batch:
+                prepare(*ids, real)
         self._feedback(users, items, ratings)
-        ukeys, ikeys, predictions = self.learner.learn_batch(users, items, ratings, epoch, private)
-        real = real_rows(users)
+        ukeys, ikeys, predictions = self.learner.learn_batch(*ids, ratings, epoch, private)
         for observe in self.observers:
             observe(ukeys, ikeys, real)
         users, items, ukeys, ikeys = users[real], items[real], ukeys[real], ikeys[real]

@@ -84,7 +84,6 @@ import numpy as np
 
 from sketchrec.stream.fleet.delta_codec import distinct
 from sketchrec.stream.fleet.envelope import decode, encode
-from sketchrec.privacy.audit import real_rows
 from sketchrec.stream.fleet.model_replicas import replica_for
 from sketchrec.sketches import HeavyHitters
 from sketchrec.sketches.hashing import as_keys, pair_keys
@@ -127,14 +126,12 @@ class DeltaTracker:
         recommender.before_learning.append(self.ready)   # held slots' rows up to date
         recommender.before_batch.append(self._ahead)
 
-    def _ahead(self, users: np.ndarray, items: np.ndarray) -> None:
+    def _ahead(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
         """A batch about to be learned: its real rows' ids are counted for heavy slots now, and
         those that become due are admitted before it (``ModelReplica.ahead``): a user's ratings
         mostly come together, and counted after the batch (announced at the next take) they
         would all be learned in hashed cells first."""
-        real = real_rows(users)
-        keys = self.rec.id_keys
-        self._model.ahead(keys.as_keys(users[real]), keys.as_keys(items[real]))
+        self._model.ahead(ukeys[real], ikeys[real])
 
     def _observe(self, ukeys: np.ndarray, ikeys: np.ndarray, real) -> None:
         """A learned batch: every row moved the model, the real ones (no canaries) also serve."""
