@@ -28,6 +28,7 @@ from numba import njit
 
 from sketchrec.models.heavy_filter import WAYS, _bucket_start
 from sketchrec.sketches import bloom, count_min
+from sketchrec.sketches.hashing import mix64
 
 FREE = 2           # family of an empty slot in fleet mode (find() matches no id to it)
 
@@ -59,30 +60,31 @@ def announce_ids(keys, ends, families, family_salt, cms_cells, cms_salts, total,
     order) whose count reaches the threshold or whose bucket has a free way, and that the
     announced Bloom filter does not hold, are added to it and written out. Returns (how many,
     the count-min's new total)."""
-    ones = np.ones(keys.shape[0], np.int64)
     n_slots = max(1, slot_families.shape[0])
+    longest, start = 0, 0
+    for seg in range(ends.shape[0]):
+        longest, start = max(longest, ends[seg] - start), ends[seg]
+    table = _table(longest)
     n_out, start = 0, 0
     for seg in range(ends.shape[0]):
         end, salt = ends[seg], family_salt[families[seg]]
         if end == start:
             continue
-        salted = keys[start:end] ^ salt
-        count_min._add_many(cms_cells, cms_salts, salted, ones[:end - start], False)
+        # a segment's keys repeat (a user's ratings come together): counted per distinct key,
+        # which adds the same integers to the count-min as one by one, and only the distinct
+        # ones sorted (sorting every key was most of the announcing)
+        n = _count_distinct(keys[start:end], table)
+        found, counts = table[1][:n], table[2][:n]
+        count_min._add_many(cms_cells, cms_salts, found ^ salt, counts, False)
         total += end - start
         threshold = due_after(admit_after, total, n_slots)
-        raw = np.sort(keys[start:end])
-        distinct = np.empty(raw.shape[0], np.uint64)
-        n = 0
-        for i in range(raw.shape[0]):
-            if i == 0 or raw[i] != raw[i - 1]:
-                distinct[n] = raw[i] ^ salt
-                n += 1
-        counts = np.empty(n, np.int64)
-        count_min._estimate_many(cms_cells, cms_salts, distinct[:n], counts)
-        ready = counts >= threshold
+        distinct = np.sort(found) ^ salt
+        estimates = np.empty(n, np.int64)
+        count_min._estimate_many(cms_cells, cms_salts, distinct, estimates)
+        ready = estimates >= threshold
         if not ready.all():   # first sightings into a free way (RAP's free slot)
-            ready |= free_ways(distinct[:n] ^ salt, families[seg], slot_families)
-        due = distinct[:n][ready]
+            ready |= free_ways(distinct ^ salt, families[seg], slot_families)
+        due = distinct[ready]
         known = np.empty(due.shape[0], np.bool_)
         bloom._contains_many(words, due, salt1, salt2, n_hashes, m_bits, known)
         due = due[~known]
@@ -92,3 +94,36 @@ def announce_ids(keys, ends, families, family_salt, cms_cells, cms_salts, total,
             n_out += 1
         start = end
     return n_out, total
+
+
+@njit(inline="always", cache=True)
+def _table(longest):
+    """An open-addressing table for segments of up to ``longest`` keys, at most half full:
+    (the slot each distinct key took, the distinct keys, their counts, each slot's entry + 1,
+    0 when empty)."""
+    size = 1
+    while size < 2 * longest:
+        size *= 2
+    return (np.empty(longest, np.int64), np.empty(longest, np.uint64), np.empty(longest, np.int64),
+            np.zeros(size, np.int64))
+
+
+@njit(inline="always", cache=True)
+def _count_distinct(keys, table):
+    """The distinct keys, first seen first, and how often each occurs, into the table's arrays
+    (its slots are left empty again); how many."""
+    taken, distinct, counts, entry = table
+    mask = np.uint64(entry.shape[0] - 1)
+    n = 0
+    for key in keys:
+        at = mix64(key) & mask
+        while entry[at] and distinct[entry[at] - 1] != key:
+            at = (at + np.uint64(1)) & mask
+        if entry[at] == 0:
+            distinct[n], counts[n], taken[n] = key, 0, at
+            n += 1
+            entry[at] = n
+        counts[entry[at] - 1] += 1
+    for i in range(n):
+        entry[taken[i]] = 0
+    return n
