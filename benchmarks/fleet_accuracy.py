@@ -68,11 +68,13 @@ def model(kind: str, capacity: int, seed: int, noise_seed: int = 0, epsilon: flo
                     seed=seed, dp=dp)
 
 
-def default_every(m: int, kind: str = "default") -> int:
+def default_every(m: int, model) -> int:
     """The members' default sync interval (ratings of one member per take) in a fleet of ``m``
-    (a DP model's: whole noisy batches)."""
-    from sketchrec.stream.fleet.pace import sync_interval
-    return sync_interval(m, DP_DEFAULTS["batch"] if kind == "dp" else None)
+    learners like ``model``: a DP model's in whole noisy batches, the others' by their kind's
+    drift budget (``pace.drift_ratings``)."""
+    from sketchrec.stream.fleet.pace import drift_ratings, sync_interval
+    dp = getattr(model, "dp", None)
+    return sync_interval(m, dp.batch_size if dp is not None else None, drift_ratings(type(model).__name__))
 
 
 def _recommender(data: Ratings, kind: str, seed: int):
@@ -101,13 +103,14 @@ def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int 
     shortened as a member's by its hot items (``stream.fleet.pace``) unless not ``paced``, its
     count-weighted moves composed as a member's are (``stream.fleet.compose``) unless not
     ``composed`` (the plain sum)."""
-    from sketchrec.stream.fleet.pace import HotItems
+    from sketchrec.stream.fleet.pace import HotItems, full_refresh_ratings
     from sketchrec.stream.fleet.tracker import DeltaTracker
-    default = every or default_every(m, kind)
     recs = [_recommender(data, kind, seed) for _ in range(m)]
+    default = every or default_every(m, recs[0].model)
     trackers = [DeltaTracker(rec, member=f"m{k}") for k, rec in enumerate(recs)]
     for tracker in trackers:
         tracker.fleet_size(m if composed else 1)
+        tracker.refresh_every(full_refresh_ratings(default, m))   # as a member's pace sets it
     hot = [HotItems(rec, tracker, private=kind == "dp") for rec, tracker in zip(recs, trackers)]
     for k, rec in enumerate(recs):
         # each member's own noise, as fresh entropy gives it (the same seed would draw the same

@@ -24,6 +24,7 @@ import numpy as np
 from sketchrec.models.base import ITEM, SLOTS, USER
 from sketchrec.privacy.mode import mode_of
 from sketchrec.stream.fleet.array_replica import ArrayReplica, merge_stats  # noqa: F401 (its home was here)
+from sketchrec.stream.fleet.compose_biases import ItemBiases
 from sketchrec.stream.fleet.delta_codec import add_entries, distinct, entries_of, publish, written_indices
 from sketchrec.stream.fleet.slots import FAMILIES, FROZEN, FleetSlots
 from sketchrec.sketches.count_sketch import cell_indices
@@ -36,8 +37,8 @@ _WALKED = ("vectors", "biases")
 # deferred replicas: by default, ratings the replica's model learned or applied (its n_learned)
 # between two refreshes of every held slot's row (the refresh hashes every held id's cells: on a
 # fleet member it cost more than learning, py-spy). A fleet member sets its own from its sync
-# interval (``refresh_every``, ``pace.full_refresh_ratings``); this is what that gives at the
-# default intervals of three members or more (two members sync half as often: twice this)
+# interval (``refresh_every``, ``pace.full_refresh_ratings``: from three members on, 8 x the model's
+# drift budget); this is the period of a replica no member paces
 FULL_REFRESH_RATINGS = 16_000
 # ... and at least REFRESH_SLOT_RATINGS x the held slots, whatever the period set: a full refresh
 # costs O(held slots) (each hashes and reads its id's depth x light_dim cells, less than half of
@@ -92,6 +93,7 @@ class ModelReplica:
         # tracked: every learned batch's keys come through touched(), so a take compares only the
         # cells and slots they address (DP-SGD puts noise on every cell: always a full pass)
         self._touched: list | None = [] if tracked and not mode_of(m).dp_sgd else None
+        self.biases = ItemBiases(m)   # the item biases' moves, composed at a take (fleet_size)
         self._batches: list = []   # touched() since the last membership change, not yet sorted
         self._rows = 0             # rows touched since the last take
         # float16: where the last take left rounding behind (compared again at the next take)
@@ -108,6 +110,7 @@ class ModelReplica:
         held in a heavy slot while it was learned changed its slot only, any other its cells.
         Sorted out at the next change of membership (``_sort_touched``), and not at all once the
         take is to be a full pass (``_full``)."""
+        self.biases.touched(ukeys, ikeys)
         if self._touched is None:
             return
         self._rows += len(ukeys)
@@ -115,6 +118,12 @@ class ModelReplica:
             self._batches = []
         else:
             self._batches.append((ukeys, ikeys))
+
+    def fleet_size(self, members: float) -> None:
+        """Members learning concurrently: a take composes this replica's item-bias moves with
+        theirs (``compose_biases``). Never a DP-SGD model's: a scale set from raw per-item counts
+        is no post-processing of its noised steps."""
+        self.biases.fleet_size(1 if mode_of(self.model).dp_sgd else members)
 
     def _full(self) -> bool:
         """Whether the cells the rows touched since the last take address (with repeats) are as
@@ -208,6 +217,7 @@ class ModelReplica:
         """The arrays of everything learned since the base ({} if nothing); the base moves to now."""
         m = self.model
         out: dict[str, np.ndarray] = {}
+        self.biases.scale(self.slots, self._bias)   # before anything is compared: kept as published
         cells, bias, slots = self._where()
         if self.slots is not None:
             keys, families, rows = self.slots.harvest(self.dtype, slots)

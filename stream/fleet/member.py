@@ -10,9 +10,8 @@ Pace. A member polls large batches (a small poll waits on a fetch round trip) an
 chunks of about ``sync_ratings`` ratings, publishing and reading the model topic between chunks;
 each chunk's offsets are stored as it is learned, so what a delta covers stays exact. A member
 holding every partition is the group's only learner: nothing can drift, so it publishes every
-``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among M members, by default, every
-``DRIFT_RATINGS`` / (M - 1) ratings (two members: ``PAIR_RATINGS``; ``sync_interval``), M re-read
-at every poll.
+``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among M members, by default, every drift
+budget / (M - 1) ratings (``pace.sync_interval``), M re-read at every poll.
 
 Exactly once across the fleet: the model topic is the record of what has been learned. Before a
 member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
@@ -39,8 +38,8 @@ from collections import Counter
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet import snapshots
-from sketchrec.stream.fleet.pace import (ALONE, SYNC_RATINGS, HotItems, full_refresh_ratings, noisy_batch,
-                                         sync_interval)
+from sketchrec.stream.fleet.pace import (ALONE, DRIFT_RATINGS, SYNC_RATINGS, HotItems, drift_ratings,
+                                         full_refresh_ratings, noisy_batch, sync_interval)
 from sketchrec.stream.fleet.outage import Outages
 from sketchrec.stream.fleet.replicas import (FleetReplica, TopicSnapshots, ensure_fleet_topics,  # noqa: F401
                                              model_producer, new_member_id, open_replica, rebuild,
@@ -61,6 +60,7 @@ class FleetLearner(KafkaLearner):
     """One member of a fleet (see the module docstring). ``service`` comes from ``open_replica``."""
 
     dp_batch: int | None = None   # ratings per noisy step of a DP fleet's model (set at start)
+    drift: int = DRIFT_RATINGS    # the model's drift budget (pace.drift_ratings, set at start)
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
                  model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
@@ -83,6 +83,7 @@ class FleetLearner(KafkaLearner):
         self.sync_ratings = self.chunk_ratings = sync_ratings
         self.alone, self.hot = False, HotItems(service.recommender, self.tracker, service.fleet.dp is not None)
         self.dp_batch = noisy_batch(service.recommender.model, service.fleet.dp)   # whole noisy steps
+        self.drift = drift_ratings(type(service.recommender.model).__name__)
         self.per_message: float | None = None   # ratings per input message, as measured
         self.max_poll = max_poll_records
         self.fenced: Exception | None = None
@@ -116,8 +117,7 @@ class FleetLearner(KafkaLearner):
         except Exception as exc:  # noqa: BLE001 - (a callback's error would only be logged)
             # without the model topic through the claim, where to resume is unknown: learn nothing
             self.consumer.pause(*tps)
-            self._fence(f"cannot claim partitions on the model topic "
-                        f"({type(exc).__name__}: {exc})")
+            self._fence(f"cannot claim partitions on the model topic ({type(exc).__name__}: {exc})")
             return
         fresh = [tp for tp in tps if str(tp.partition) not in self.state.covered]
         starts = self.feed.beginning_offsets(fresh) if fresh else {}
@@ -243,7 +243,7 @@ class FleetLearner(KafkaLearner):
             every = base = every * ALONE
         elif held:
             if self.by_size:
-                base = max(every, sync_interval(members, self.dp_batch))
+                base = max(every, sync_interval(members, self.dp_batch, self.drift))
             every = self.hot.bound(base, members)
         # the held slots' full refresh follows the interval, not a hot item's shortening of it
         self.tracker.refresh_every(full_refresh_ratings(base, members))

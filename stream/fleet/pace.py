@@ -8,9 +8,12 @@ at once from the same stale copy, the M moves add up. An item rated k times by e
 two syncs moves by about 1 - (1 - 1/32)^k of its error at each of them: once the members' fractions
 sum past 2 it overshoots by more than its error and the overshoot grows every round (in one process,
 four members of the default learner on a Zipf-skewed stream diverged this way at a fixed
-interval). A member composes its bias baseline's moves (``compose``: it scales them so that the M
-members' sum to one learner's), which no longer overshoot; the factor member's SGD and AdaGrad
-steps are not composed and still do at long intervals. Two members cannot (each fraction is below
+interval). A member composes the count-weighted moves (``compose``: the bias baseline's) and its
+factor model's item biases (``compose_biases``): it scales its own change so that the M members'
+sum to one learner's, and those no longer overshoot. What is left uncomposed, the vectors' SGD and
+AdaGrad steps, overshoots only where a few items take a large share of the ratings (four members
+of the sketch, a fixed interval, 20 items: the hottest a fifth of the ratings, ran away from one
+learner; paced, they stayed within a percent of it). Two members cannot (each fraction is below
 1), so the bound below only applies from three members on: a member syncs before its hottest item
 can take more than ``HOT_STEPS`` / M steps since its last take, measured on the interval before
 (the interval adapts to the stream's skew).
@@ -35,15 +38,20 @@ import numpy as np
 
 ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
 SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
-# A member learns without about (M - 1) x interval of the others' ratings: DRIFT_RATINGS / (M - 1)
-# keeps that constant. A fixed interval at every M is cheaper, but the members' summed steps
-# overshot (the default learner's capped means, the sketch on sparse streams: docs/fleet.md)
-DRIFT_RATINGS = 2_000
+# A member learns without about (M - 1) x interval of the others' ratings: a model's drift
+# budget / (M - 1) keeps that constant as M grows. A fixed interval at every M is cheaper, but the
+# members' summed steps overshot (docs/fleet.md). The budget is what a kind's merges tolerate,
+# measured by `sketchrec bench fleet --accuracy` on its streams and seeds: with its item biases
+# composed the sketch alone takes twice the default learner's, whose AdaGrad factor member falls
+# behind sooner (the staleness of its per-id rates, not an overshoot, is what is left)
+DRIFT_RATINGS = 3_000
+KIND_DRIFT_RATINGS = {"SketchMF": 6_000}
 # Two members sync every PAIR_RATINGS: each one's fraction of a count-weighted move stays below 1,
 # so their summed steps cannot overshoot (module docstring) and only staleness bounds their
-# interval; at twice the drift the default learner stays within the fleet's accuracy target on
-# every stream and seed `sketchrec bench fleet --accuracy` runs, for half the takes and applies
-PAIR_RATINGS = 2 * DRIFT_RATINGS
+# interval, which on the accuracy benchmark's shortest streams (60,000 ratings) it does at about this
+PAIR_RATINGS = 4_000
+# a DP-SGD fleet syncs every DP_SYNC_RATINGS at any M, in whole noisy batches (sync_interval)
+DP_SYNC_RATINGS = 2_000
 # held slots' full refresh: every FULL_REFRESH_SYNCS x the drift a member's interval allows
 # (full_refresh_ratings)
 FULL_REFRESH_SYNCS = 8
@@ -94,26 +102,36 @@ class HotItems:
         return int(min(every, max(FLOOR, HOT_STEPS / members / self.rate)))
 
 
-def sync_interval(members: int, dp_batch: int | None = None) -> int:
+def drift_ratings(kind: str) -> int:
+    """The drift budget of a model kind (its class name): ``KIND_DRIFT_RATINGS``, else
+    ``DRIFT_RATINGS``.
+
+    >>> drift_ratings("SketchMF"), drift_ratings("Experts")
+    (6000, 3000)
+    """
+    return KIND_DRIFT_RATINGS.get(kind, DRIFT_RATINGS)
+
+
+def sync_interval(members: int, dp_batch: int | None = None, drift: int = DRIFT_RATINGS) -> int:
     """The default sync interval (ratings of one member) in a fleet of ``members`` learners:
-    ``DRIFT_RATINGS`` / (M - 1), at least ``SYNC_RATINGS``; ``PAIR_RATINGS`` for two members;
-    ``ALONE`` x ``SYNC_RATINGS`` alone.
-    A DP-SGD model (``dp_batch``: ratings per noisy step) syncs every ``DRIFT_RATINGS`` whatever M,
-    rounded up to whole batches: an interval cut short of a batch cuts a noisy step short, and
+    ``drift`` (the model's budget, ``drift_ratings``) / (M - 1), at least ``SYNC_RATINGS``;
+    ``PAIR_RATINGS`` for two members; ``ALONE`` x ``SYNC_RATINGS`` alone.
+    A DP-SGD model (``dp_batch``: ratings per noisy step) syncs every ``DP_SYNC_RATINGS`` whatever
+    M, rounded up to whole batches: an interval cut short of a batch cuts a noisy step short, and
     the same noise over fewer ratings costs more accuracy than the members' drift (docs/fleet.md).
 
-    >>> sync_interval(1), sync_interval(2), sync_interval(4)
-    (10000, 4000, 666)
+    >>> sync_interval(1), sync_interval(2), sync_interval(4), sync_interval(4, drift=6000)
+    (10000, 4000, 1000, 2000)
     >>> sync_interval(4, dp_batch=1000), sync_interval(2, dp_batch=1500), sync_interval(1, dp_batch=1000)
     (2000, 3000, 10000)
     """
     if members <= 1:
         return ALONE * SYNC_RATINGS
     if dp_batch:
-        return -(-max(DRIFT_RATINGS, dp_batch) // dp_batch) * dp_batch
+        return -(-max(DP_SYNC_RATINGS, dp_batch) // dp_batch) * dp_batch
     if members == 2:
         return PAIR_RATINGS
-    return max(SYNC_RATINGS, DRIFT_RATINGS // (members - 1))
+    return max(SYNC_RATINGS, drift // (members - 1))
 
 
 def full_refresh_ratings(every: int, members: int) -> int:
@@ -123,14 +141,14 @@ def full_refresh_ratings(every: int, members: int) -> int:
     that interval ((M - 1) x ``every``, the drift the interval allows). Between refreshes a held
     row lags what collisions moved in its cells, which grows with the ratings learned or applied:
     a bound proportionate to the drift the fleet already accepts. At the default intervals
-    (``sync_interval``) the same for every M from 3 to 5 (``deltas.FULL_REFRESH_RATINGS``), so a
-    larger fleet does not refresh more often per rating, and twice that for two members (whose
-    interval allows twice the drift); a shorter ``--sync-ratings`` shortens it (at M = 2, every
+    (``sync_interval``) ``FULL_REFRESH_SYNCS`` x the model's drift budget for every M from 3 on
+    (while the floor does not bind), so a larger fleet does not refresh more often per rating;
+    a shorter ``--sync-ratings`` shortens it (at M = 2, every
     ``FULL_REFRESH_SYNCS`` takes and applies whatever the interval). The replica waits at least
     ``deltas.REFRESH_SLOT_RATINGS`` per held slot as well: what a refresh costs grows with the model.
 
-    >>> full_refresh_ratings(4000, 2), full_refresh_ratings(666, 4), full_refresh_ratings(200, 2)
-    (32000, 15984, 1600)
+    >>> full_refresh_ratings(4000, 2), full_refresh_ratings(1000, 4), full_refresh_ratings(200, 2)
+    (32000, 24000, 1600)
     >>> full_refresh_ratings(10_000, 1)   # alone: its own takes only
     80000
     """

@@ -113,7 +113,7 @@ def test_a_member_composes_at_its_share_of_the_partitions():
         member = SimpleNamespace(
             consumer=SimpleNamespace(partitions_for_topic=lambda topic: set(range(partitions)),
                                      assignment=lambda: [SimpleNamespace(partition=p) for p in held]),
-            topic="t", sync_ratings=500, by_size=True, dp_batch=dp and dp["batch"],
+            topic="t", sync_ratings=500, by_size=True, dp_batch=dp and dp["batch"], drift=3000,
             hot=SimpleNamespace(bound=lambda every, members: every), book=SimpleNamespace(),
             tracker=SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=sizes.append))
         FleetLearner._pace(member)
