@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--sync-ratings", type=int, metavar="N",
                        help="... or after N ratings, whichever comes first (replicas drift apart "
                        "the more each learns alone: see docs/scaling.md). Default: two members 4,000; "
-                       "from three on 2,000 ratings over the other members, at least 500, shorter while a "
-                       "few items take most ratings; a DP-SGD fleet: 2,000 in whole --dp-batch "
+                       "from three on the model's drift budget over the other members (--model sketch "
+                       "6,000, the others 3,000), at least 500, shorter while a few items take most "
+                       "ratings; a DP-SGD fleet: 2,000 in whole --dp-batch "
                        "batches (a lone member: 10,000). N sets the interval (no rounding to "
                        "batches), still shortened from three members on while a few items take "
                        "most ratings")
