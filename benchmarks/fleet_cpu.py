@@ -110,6 +110,7 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
     (``rmse_ratio``: what syncing less often costs in accuracy). Fetching, JSON parsing and Kafka are left out (the same for a
     plain learner and a member, per rating)."""
     from sketchrec.models import SketchMF
+    from sketchrec.stream.fleet.pace import full_refresh_ratings
     from sketchrec.stream.fleet.tracker import DeltaTracker
     from sketchrec.stream.recommender import Recommender
 
@@ -127,6 +128,9 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
     plain_s = time.process_time() - t0
     recs = [recommender() for _ in range(m)]
     trackers = [DeltaTracker(rec) for rec in recs]
+    for tracker in trackers:   # as a member's pace sets them
+        tracker.fleet_size(m)
+        tracker.refresh_every(full_refresh_ratings(every, m))
     parts = [np.flatnonzero(data.users % m == k) for k in range(m)]
     spent, sent, fleet_se = {"learn": 0.0, "take": 0.0, "apply": 0.0}, 0, 0.0
     for start in range(0, max(map(len, parts)), every):
