@@ -113,6 +113,25 @@ def _add_at(flat, idx, values):
         flat[idx[n]] += values[n]
 
 
+@njit(nogil=True, cache=True)
+def _add_at2(flat, other, idx, values):
+    """``_add_at`` into two arrays in one pass (a replica's model and its base: the indices
+    and values are read once)."""
+    for n in range(idx.shape[0]):
+        flat[idx[n]] += values[n]
+        other[idx[n]] += values[n]
+
+
+@njit(nogil=True, cache=True)
+def _gap_indices(gaps, out):
+    """out = the running sum of ``gaps`` (uint32) as int64: np.cumsum's cast to int64 went
+    through a buffered loop that cost more than the apply's additions."""
+    total = np.int64(0)
+    for n in range(gaps.shape[0]):
+        total += np.int64(gaps[n])
+        out[n] = total
+
+
 def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
     """(flat indices or None for dense, values) of ``publish`` output, checked against
     the array they apply to; None when the delta has none. Raises ValueError on a mismatch."""
@@ -131,7 +150,7 @@ def entries_of(arrays: dict[str, np.ndarray], name: str, like: np.ndarray):
         return idx[:len(values)], values
     if name + ".i" not in arrays:
         return None
-    idx = np.cumsum(arrays[name + ".i"], dtype=np.int64)
+    idx = _indices(arrays[name + ".i"])
     values = arrays[name + ".v"]
     if values.shape != idx.shape or not _fits(values, like) or (len(idx) and idx[-1] >= like.size):
         raise ValueError(f"delta's {name} does not fit this model (indices or dtype)")
@@ -142,18 +161,34 @@ def _fits(values: np.ndarray, like: np.ndarray) -> bool:
     return values.dtype == like.dtype or (values.dtype == np.float16 and like.dtype == np.float32)
 
 
-def add_entries(target: np.ndarray, found) -> None:
-    """target += the entries ``entries_of`` found (in place; None: nothing)."""
+def _indices(gaps: np.ndarray) -> np.ndarray:
+    """The flat indices whose gaps a sparse delta carries (``name.i``)."""
+    if gaps.dtype != np.uint32 or gaps.ndim != 1:
+        return np.cumsum(gaps, dtype=np.int64)
+    idx = np.empty(len(gaps), np.int64)
+    _gap_indices(gaps, idx)
+    return idx
+
+
+def add_entries(target: np.ndarray, found, other: np.ndarray | None = None) -> None:
+    """target (and ``other``, of the same shape, alike) += the entries ``entries_of`` found
+    (in place; None: nothing)."""
     if found is None:
         return
     idx, values = found
     flat = target.reshape(-1)  # a view: the state arrays are contiguous
-    if idx is None:
-        flat += values
-    elif values.dtype == flat.dtype and flat.dtype.kind == "f":
-        _add_at(flat, idx, values)  # distinct indices: the same sums as flat[idx] += values
-    else:
-        flat[idx] += values
+    if idx is not None and values.dtype == flat.dtype and flat.dtype.kind == "f":
+        # distinct indices: the same sums as flat[idx] += values
+        if other is None:
+            _add_at(flat, idx, values)
+        else:
+            _add_at2(flat, other.reshape(-1), idx, values)
+        return
+    for flat in (flat,) if other is None else (flat, other.reshape(-1)):
+        if idx is None:
+            flat += values
+        else:
+            flat[idx] += values
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -168,4 +203,4 @@ def written_indices(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
         return np.flatnonzero(arrays[name + ".d"])
     if name + ".b" in arrays:
         return np.flatnonzero(np.unpackbits(arrays[name + ".b"], bitorder="little"))
-    return np.cumsum(arrays[name + ".i"], dtype=np.int64) if name + ".i" in arrays else np.empty(0, np.int64)
+    return _indices(arrays[name + ".i"]) if name + ".i" in arrays else np.empty(0, np.int64)

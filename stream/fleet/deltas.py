@@ -290,9 +290,8 @@ class ModelReplica:
         self.extra.apply(arrays, extra)
         if self.slots is not None and ("announce_keys" in arrays or "slot_keys" in arrays):
             self._sort_touched()   # by the membership they were learned under
-        for targets in ((m.vectors.cells, m.biases.cells), (self._cells, self._bias)):
-            for target, entries in zip(targets, found):
-                add_entries(target, entries)
+        for target, base, entries in zip((m.vectors.cells, m.biases.cells), (self._cells, self._bias), found):
+            add_entries(target, entries, base)
         if self.slots is None:
             return
         bases = (self._cells, self._bias)
