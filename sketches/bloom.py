@@ -28,12 +28,23 @@ def _probe(key, salt1, salt2, i, m_bits):
     return (h1 + np.uint64(i) * h2) % np.uint64(m_bits)
 
 
+# keys whose probes are hashed before any of their bits is set: a large filter's writes miss the
+# caches, and a block of them whose addresses are all known can be in flight at once (interleaved
+# with the hashing, each write waited on the one before); the bits set are the same
+_BLOCK = 64
+
+
 @njit(nogil=True, cache=True)
 def _add_many(words, keys, salt1, salt2, n_hashes, m_bits):
-    for n in range(keys.shape[0]):
-        for i in range(n_hashes):
-            bit = _probe(keys[n], salt1, salt2, i, m_bits)
-            words[bit >> _THREE] |= np.uint8(1) << np.uint8(bit & _SEVEN)
+    bits = np.empty(_BLOCK * n_hashes, np.uint64)
+    for start in range(0, keys.shape[0], _BLOCK):
+        k = 0
+        for n in range(start, min(start + _BLOCK, keys.shape[0])):
+            for i in range(n_hashes):
+                bits[k] = _probe(keys[n], salt1, salt2, i, m_bits)
+                k += 1
+        for j in range(k):
+            words[bits[j] >> _THREE] |= np.uint8(1) << np.uint8(bits[j] & _SEVEN)
 
 
 @njit(nogil=True, cache=True)

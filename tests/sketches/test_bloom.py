@@ -40,3 +40,25 @@ def test_bloom_bits_can_be_flipped_and_count_estimated():
     assert np.array_equal(bf.bits, flipped)
     with pytest.raises(ValueError):
         bf.set_bits(bits[:-1])
+
+
+def test_a_key_sets_exactly_its_codeword_bits_and_the_filter_keeps_its_pinned_bits():
+    """Snapshots and checkpoints hold the bits: however the adds are computed, a key sets its
+    codeword's positions and no others (blocks of keys of any length), and a pinned filter's
+    bits do not move."""
+    import hashlib
+    from sketchrec.sketches.bloom import codewords
+    from sketchrec.sketches.hashing import as_keys
+    bf = BloomFilter(5_000, 0.01, seed=3)
+    keys = as_keys(np.arange(1_000))
+    for n in (1, 63, 64, 65, 200):
+        one = BloomFilter(5_000, 0.01, seed=3)
+        one.add_many(keys[:n])
+        want = np.zeros(one.m_bits, bool)
+        want[codewords(keys[:n], one.n_hashes, one.m_bits, seed=3).reshape(-1)] = True
+        np.testing.assert_array_equal(one.bits, want)
+    bf.add_many(keys)
+    assert hashlib.sha256(bf.cells.tobytes()).hexdigest()[:16] == PINNED
+
+
+PINNED = "e1519e1c5ad6d97a"   # keys 0..999, capacity 5,000, fp 0.01, seed 3: as filters were written
