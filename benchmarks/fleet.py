@@ -371,10 +371,10 @@ def measure(args: argparse.Namespace) -> dict:
     if forms:
         _ratios(report, forms, args.members)
     if args.breakdown:
-        from sketchrec.stream.fleet.pace import drift_ratings, sync_interval
+        from sketchrec.stream.fleet.pace import budget, sync_interval
         report["in_process"] = {}
         for m in (m for m in args.members if m > 1):   # at the members' (--model sketch) default interval
-            every = args.sync_ratings or sync_interval(m, drift=drift_ratings("SketchMF"))
+            every = args.sync_ratings or sync_interval(m, allowed=budget("SketchMF"))
             b = report["in_process"][str(m)] = sync_breakdown(data, m, every)
             say(f"in one process, M={m} every {b['every']:,}: per rating learn {b['learn_cpu_us_per_rating']:.2f}, "
                 f"take {b['take_cpu_us_per_rating']:.2f}, apply {b['apply_cpu_us_per_rating']:.2f} CPU-us "

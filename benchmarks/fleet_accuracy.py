@@ -71,10 +71,10 @@ def model(kind: str, capacity: int, seed: int, noise_seed: int = 0, epsilon: flo
 def default_every(m: int, model) -> int:
     """The members' default sync interval (ratings of one member per take) in a fleet of ``m``
     learners like ``model``: a DP model's in whole noisy batches, the others' by their kind's
-    drift budget (``pace.drift_ratings``)."""
-    from sketchrec.stream.fleet.pace import drift_ratings, sync_interval
+    drift budget (``pace.budget``)."""
+    from sketchrec.stream.fleet.pace import budget, sync_interval
     dp = getattr(model, "dp", None)
-    return sync_interval(m, dp.batch_size if dp is not None else None, drift_ratings(type(model).__name__))
+    return sync_interval(m, dp.batch_size if dp is not None else None, budget(type(model).__name__))
 
 
 def _recommender(data: Ratings, kind: str, seed: int):

@@ -38,7 +38,7 @@ from collections import Counter
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet import snapshots
-from sketchrec.stream.fleet.pace import (ALONE, DRIFT_RATINGS, SYNC_RATINGS, HotItems, drift_ratings,
+from sketchrec.stream.fleet.pace import (ALONE, BUDGET, SYNC_RATINGS, Budget, HotItems, budget,
                                          full_refresh_ratings, noisy_batch, sync_interval)
 from sketchrec.stream.fleet.outage import Outages
 from sketchrec.stream.fleet.replicas import (FleetReplica, TopicSnapshots, ensure_fleet_topics,  # noqa: F401
@@ -60,7 +60,7 @@ class FleetLearner(KafkaLearner):
     """One member of a fleet (see the module docstring). ``service`` comes from ``open_replica``."""
 
     dp_batch: int | None = None   # ratings per noisy step of a DP fleet's model (set at start)
-    drift: int = DRIFT_RATINGS    # the model's drift budget (pace.drift_ratings, set at start)
+    budget: Budget = BUDGET       # the model kind's drift budget (pace.budget, set at start)
 
     def __init__(self, service: LearningService, bootstrap: str, topic: str, group: str,
                  model_topic: str, sync_ms: float = 200.0, snapshot_seconds: float = 60.0,
@@ -83,7 +83,7 @@ class FleetLearner(KafkaLearner):
         self.sync_ratings = self.chunk_ratings = sync_ratings
         self.alone, self.hot = False, HotItems(service.recommender, self.tracker, service.fleet.dp is not None)
         self.dp_batch = noisy_batch(service.recommender.model, service.fleet.dp)   # whole noisy steps
-        self.drift = drift_ratings(type(service.recommender.model).__name__)
+        self.budget = budget(type(service.recommender.model).__name__)
         self.per_message: float | None = None   # ratings per input message, as measured
         self.max_poll = max_poll_records
         self.fenced: Exception | None = None
@@ -243,7 +243,7 @@ class FleetLearner(KafkaLearner):
             every = base = every * ALONE
         elif held:
             if self.by_size:
-                base = max(every, sync_interval(members, self.dp_batch, self.drift))
+                base = max(every, sync_interval(members, self.dp_batch, self.budget))
             every = self.hot.bound(base, members)
         # the held slots' full refresh follows the interval, not a hot item's shortening of it
         self.tracker.refresh_every(full_refresh_ratings(base, members))

@@ -34,22 +34,32 @@ A DP model is left alone: a shorter interval would cut its noisy steps' batches,
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 ALONE = 20         # a member holding every partition syncs every ALONE x sync_ratings (or sync_ms)
 SYNC_RATINGS = 500     # the default sync interval's floor (ratings of one member)
-# A member learns without about (M - 1) x interval of the others' ratings: a model's drift
-# budget / (M - 1) keeps that constant as M grows. A fixed interval at every M is cheaper, but the
-# members' summed steps overshot (docs/fleet.md). The budget is what a kind's merges tolerate,
-# measured by `sketchrec bench fleet --accuracy` on its streams and seeds: with its item biases
-# composed the sketch alone takes twice the default learner's, whose AdaGrad factor member falls
-# behind sooner (the staleness of its per-id rates, not an overshoot, is what is left)
-DRIFT_RATINGS = 3_000
-KIND_DRIFT_RATINGS = {"SketchMF": 6_000}
-# Two members sync every PAIR_RATINGS: each one's fraction of a count-weighted move stays below 1,
-# so their summed steps cannot overshoot (module docstring) and only staleness bounds their
-# interval, which on the accuracy benchmark's shortest streams (60,000 ratings) it does at about this
-PAIR_RATINGS = 4_000
+
+
+class Budget(NamedTuple):
+    """How far a model kind's members may drift apart. ``drift``: from three members on, the
+    others' ratings a member learns without ((M - 1) x its interval); drift / (M - 1) keeps that
+    constant as M grows (a fixed interval at every M is cheaper, but the members' summed steps
+    overshot: docs/fleet.md). ``pair``: two members' interval; each one's fraction of a
+    count-weighted move stays below 1, so their summed steps cannot overshoot (module docstring)
+    and only staleness bounds it. Each is what a kind's merges tolerate, measured by
+    `sketchrec bench fleet --accuracy` on its streams and seeds (the shortest: 60,000 ratings):
+    with its item biases composed the sketch alone takes twice the default learner's drift, whose
+    AdaGrad factor member falls behind sooner (the staleness of its per-id rates, not an
+    overshoot, is what is left there)."""
+
+    drift: int
+    pair: int
+
+
+BUDGET = Budget(drift=3_000, pair=6_000)
+KIND_BUDGETS = {"SketchMF": Budget(drift=6_000, pair=8_000)}
 # a DP-SGD fleet syncs every DP_SYNC_RATINGS at any M, in whole noisy batches (sync_interval)
 DP_SYNC_RATINGS = 2_000
 # held slots' full refresh: every FULL_REFRESH_SYNCS x the drift a member's interval allows
@@ -102,26 +112,25 @@ class HotItems:
         return int(min(every, max(FLOOR, HOT_STEPS / members / self.rate)))
 
 
-def drift_ratings(kind: str) -> int:
-    """The drift budget of a model kind (its class name): ``KIND_DRIFT_RATINGS``, else
-    ``DRIFT_RATINGS``.
+def budget(kind: str) -> Budget:
+    """The drift budget of a model kind (its class name): ``KIND_BUDGETS``, else ``BUDGET``.
 
-    >>> drift_ratings("SketchMF"), drift_ratings("Experts")
+    >>> budget("SketchMF").drift, budget("Experts").drift
     (6000, 3000)
     """
-    return KIND_DRIFT_RATINGS.get(kind, DRIFT_RATINGS)
+    return KIND_BUDGETS.get(kind, BUDGET)
 
 
-def sync_interval(members: int, dp_batch: int | None = None, drift: int = DRIFT_RATINGS) -> int:
+def sync_interval(members: int, dp_batch: int | None = None, allowed: Budget = BUDGET) -> int:
     """The default sync interval (ratings of one member) in a fleet of ``members`` learners:
-    ``drift`` (the model's budget, ``drift_ratings``) / (M - 1), at least ``SYNC_RATINGS``;
-    ``PAIR_RATINGS`` for two members; ``ALONE`` x ``SYNC_RATINGS`` alone.
+    the model's ``allowed`` drift (``budget``) / (M - 1), at least ``SYNC_RATINGS``; its ``pair``
+    interval for two members; ``ALONE`` x ``SYNC_RATINGS`` alone.
     A DP-SGD model (``dp_batch``: ratings per noisy step) syncs every ``DP_SYNC_RATINGS`` whatever
     M, rounded up to whole batches: an interval cut short of a batch cuts a noisy step short, and
     the same noise over fewer ratings costs more accuracy than the members' drift (docs/fleet.md).
 
-    >>> sync_interval(1), sync_interval(2), sync_interval(4), sync_interval(4, drift=6000)
-    (10000, 4000, 1000, 2000)
+    >>> sync_interval(1), sync_interval(2), sync_interval(4), sync_interval(4, allowed=budget("SketchMF"))
+    (10000, 6000, 1000, 2000)
     >>> sync_interval(4, dp_batch=1000), sync_interval(2, dp_batch=1500), sync_interval(1, dp_batch=1000)
     (2000, 3000, 10000)
     """
@@ -130,8 +139,8 @@ def sync_interval(members: int, dp_batch: int | None = None, drift: int = DRIFT_
     if dp_batch:
         return -(-max(DP_SYNC_RATINGS, dp_batch) // dp_batch) * dp_batch
     if members == 2:
-        return PAIR_RATINGS
-    return max(SYNC_RATINGS, drift // (members - 1))
+        return allowed.pair
+    return max(SYNC_RATINGS, allowed.drift // (members - 1))
 
 
 def full_refresh_ratings(every: int, members: int) -> int:

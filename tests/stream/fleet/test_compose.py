@@ -8,6 +8,7 @@ from sketchrec.data import SyntheticStream
 from sketchrec.models.mix import Experts
 from sketchrec.stream.fleet import array_replica
 from sketchrec.stream.fleet.compose import share
+from sketchrec.stream.fleet.pace import BUDGET
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.recommender import Recommender
 
@@ -113,7 +114,7 @@ def test_a_member_composes_at_its_share_of_the_partitions():
         member = SimpleNamespace(
             consumer=SimpleNamespace(partitions_for_topic=lambda topic: set(range(partitions)),
                                      assignment=lambda: [SimpleNamespace(partition=p) for p in held]),
-            topic="t", sync_ratings=500, by_size=True, dp_batch=dp and dp["batch"], drift=3000,
+            topic="t", sync_ratings=500, by_size=True, dp_batch=dp and dp["batch"], budget=BUDGET,
             hot=SimpleNamespace(bound=lambda every, members: every), book=SimpleNamespace(),
             tracker=SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=sizes.append))
         FleetLearner._pace(member)
