@@ -152,15 +152,15 @@ class DeltaTracker:
             arrays.update({"seen_pairs": distinct(pair_keys(ukeys, ikeys)),
                            "seen_users": distinct(ukeys), "seen_items": items,
                            "seen_counts": counts.astype(np.uint32)})
-        ids, _ = rec.catalogue.snapshot()
-        new_ids = [i for i in ids[self._n_items:] if i not in self._received]
+        ids, n_items = rec.catalogue.since(self._n_items)
+        new_ids = [i for i in ids if i not in self._received]
         self._received = set()
         if not arrays and not new_ids:
             return None
         header = {"member": self.member, "seq": self.seq + 1, "params": self._params,
                   "items": new_ids, "meta": meta}
         self.seq += 1
-        self._n_items = len(ids)
+        self._n_items = n_items
         if "seen_items" in arrays:
             self._popular_moved()
         return encode(header, arrays, self.compress)
@@ -187,7 +187,7 @@ class DeltaTracker:
             before = len(rec.catalogue)
             cat = _id_array(items)
             rec.catalogue.add(cat, rec.id_keys.as_keys(cat))   # the model's keys (keyed when private)
-            self._received.update(rec.catalogue.snapshot()[0][before:])  # not ours to publish
+            self._received.update(rec.catalogue.since(before)[0])  # not ours to publish
         self.applied[member] = seq
         if "seen_items" in arrays:
             self._popular_moved()
