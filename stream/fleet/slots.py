@@ -156,14 +156,12 @@ class FleetSlots:
         m, h = self.model, self.model.heavy
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         families = np.ascontiguousarray(families, dtype=np.uint8)
-        spilled, placed = np.empty((len(keys), 2), np.uint64), np.zeros(len(keys), bool)
+        spilled = np.empty((len(keys), 2), np.uint64)
         n = _admit(h.keys, h.families, h.cells, self.S, self.view, keys, families,
                    bucket_starts(keys, families, h.n_slots), m.vectors.cells, m.store.salts,
-                   m.biases.cells, m.store.bias_salts, bases[0], bases[1], spilled, placed)
-        self.spilled.extend((int(k), int(f)) for k, f in spilled[:n].tolist())
-        if placed.any():  # never a zero row, even before the next refresh
-            slots = self.locate(keys[placed], families[placed])
-            self.refresh(slots[slots >= 0])
+                   m.biases.cells, m.store.bias_salts, bases[0], bases[1], spilled)
+        if n:
+            self.spilled.extend((int(k), int(f)) for k, f in spilled[:n].tolist())
 
     def route(self, keys: np.ndarray, families: np.ndarray, rows: np.ndarray,
               bases: tuple) -> np.ndarray:
@@ -233,14 +231,16 @@ def _find(slot_keys, slot_families, keys, families, starts):
 
 @njit(nogil=True, cache=True)
 def _admit(slot_keys, slot_families, rows, S, view, keys, families, starts, cells, salts, bias,
-           bias_salts, base_cells, base_bias, spilled, placed):
+           bias_salts, base_cells, base_bias, spilled):
     """``FleetSlots.admit``: each (key, family) not held takes a free way of its bucket, or the
     way of the bucket's largest (key, family) if it is smaller, which is evicted (its S, and
     its local learning not yet harvested, added to its cells: ``_evict``); then the buckets
-    placed into are sorted (``_sort_bucket``). ``placed``: which keys took a slot; the evicted
+    placed into are sorted (``_sort_bucket``) and the rows of the ids placed and still held
+    refreshed (``_refresh``: never a zero row, even before the next full refresh). The evicted
     ids that held local learning go to ``spilled`` (key, family); returns how many."""
     n_spilled = 0
     touched = np.zeros(slot_keys.shape[0] // WAYS + 1, np.bool_)
+    placed = np.zeros(keys.shape[0], np.bool_)
     for n in range(keys.shape[0]):
         key, family, start = keys[n], families[n], starts[n]
         free, largest, held = -1, -1, False
@@ -267,8 +267,20 @@ def _admit(slot_keys, slot_families, rows, S, view, keys, families, starts, cell
         slot_keys[slot], slot_families[slot] = key, family
         S[slot, :], view[slot, :], rows[slot, :] = 0.0, 0.0, 0.0
         touched[start // WAYS], placed[n] = True, True
+    # one bucket's rows in their new order: allocated once, not per bucket sorted
+    scratch = (np.empty((WAYS, rows.shape[1]), rows.dtype), np.empty((WAYS, S.shape[1])),
+               np.empty((WAYS, view.shape[1]), view.dtype))
     for b in np.flatnonzero(touched):
-        _sort_bucket(b * WAYS, slot_keys, slot_families, rows, S, view)
+        _sort_bucket(b * WAYS, slot_keys, slot_families, rows, S, view, scratch)
+    fresh, n_fresh = np.empty(keys.shape[0], np.int64), 0
+    for n in np.flatnonzero(placed):   # where each id placed sits now (if not pushed out since)
+        for s in range(starts[n], starts[n] + WAYS):
+            if slot_keys[s] == keys[n] and slot_families[s] == families[n]:
+                fresh[n_fresh] = s
+                n_fresh += 1
+                break
+    _refresh(rows, view, S, slot_keys, slot_families, fresh[:n_fresh], cells, salts, bias,
+             bias_salts)
     return n_spilled
 
 
@@ -305,17 +317,23 @@ def _evict(slot, slot_keys, slot_families, rows, S, view, cells, salts, bias, bi
 
 
 @njit(cache=True)
-def _sort_bucket(start, slot_keys, slot_families, rows, S, view):
+def _sort_bucket(start, slot_keys, slot_families, rows, S, view, scratch):
     """Held ids in (key, family) order, free slots last, in a stable order: the same layout on
-    every replica."""
+    every replica. ``scratch``: room for one bucket's rows, S and view."""
     order = np.arange(start, start + WAYS)
+    moved = False
     for i in range(1, WAYS):  # insertion sort: stable
         j = i
         while j > 0 and _after(order[j - 1], order[j], slot_keys, slot_families):
             order[j - 1], order[j] = order[j], order[j - 1]
             j -= 1
+            moved = True
+    if not moved:
+        return
     keys, families = slot_keys[order], slot_families[order]
-    r, s_, v = rows[order], S[order], view[order]
+    r, s_, v = scratch
+    for i in range(WAYS):
+        r[i], s_[i], v[i] = rows[order[i]], S[order[i]], view[order[i]]
     for i in range(WAYS):
         slot_keys[start + i], slot_families[start + i] = keys[i], families[i]
         rows[start + i], S[start + i], view[start + i] = r[i], s_[i], v[i]
