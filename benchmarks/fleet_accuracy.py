@@ -1,6 +1,7 @@
 """How well a fleet learns against one learner on the same stream (``sketchrec bench fleet
 --accuracy``), in one process without a broker: the fleet's prequential RMSE over one learner's,
-for the default learner and for DP-SGD at a given epsilon, over several streams and seeds, so that
+for the default learner, for DP-SGD at a given epsilon and for the sketch alone (the learner whose
+CPU `bench fleet` measures), over several streams and seeds, so that
 a claim like "within 1 %" is a mean and a spread, not one run.
 
 The fleet is ``m`` replicas of one recommender (``DeltaTracker``), each learning the ratings of its
@@ -34,7 +35,8 @@ from sketchrec.data import Ratings
 from sketchrec.models.registry import DP_DEFAULTS
 from sketchrec.synthetic import SyntheticStream
 
-KINDS = ("mix", "dp")
+# the default learner, DP-SGD, and the sketch alone (the learner of `bench fleet`'s CPU figures)
+KINDS = ("mix", "dp", "sketch")
 MEMBERS = (2, 4)
 SEEDS = (0, 1, 2)
 EPSILON = 1.0
