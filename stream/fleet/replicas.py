@@ -5,6 +5,7 @@ member itself is ``fleet.member.FleetLearner``."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -51,10 +52,10 @@ class NoExactReplica(RuntimeError):
     can be made exact (one line at the CLI)."""
 
 
-def _check_log_holds(bootstrap: str, model_topic: str, snap) -> None:
-    """NoExactReplica unless the model topic still holds every delta after ``snap`` (None: the
-    empty model, position 0), as ``snapshots._load`` skips a snapshot whose chunks are gone, and
-    reaches its position."""
+def _check_log_holds(bootstrap: str, model_topic: str, meta: dict | None) -> None:
+    """NoExactReplica unless the model topic still holds every delta after the snapshot whose
+    ``meta`` is given (None: no snapshot, the empty model at position 0), as ``snapshots._load``
+    skips a snapshot whose chunks are gone, and reaches its position."""
     from kafka import KafkaConsumer, TopicPartition
     consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False)
     try:
@@ -62,7 +63,7 @@ def _check_log_holds(bootstrap: str, model_topic: str, snap) -> None:
         start, end = consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp]
     finally:
         consumer.close(autocommit=False)
-    position = snap.meta["fleet"]["position"] if snap is not None else 0
+    position = meta["fleet"]["position"] if meta is not None else 0
     if position > end:   # a rebuild from it would read nothing and be handed Truncated again
         raise NoExactReplica(
             f"{model_topic} ends at offset {end}, before the newest snapshot's position {position}: "
@@ -70,7 +71,7 @@ def _check_log_holds(bootstrap: str, model_topic: str, snap) -> None:
             "replica of this fleet can be made exact; start a new fleet on another --model-topic "
             "(or delete its snapshot topic too)")
     if position < start:
-        what = f"the newest snapshot's position {position}" if snap is not None else "offset 0 (no snapshot)"
+        what = f"the newest snapshot's position {position}" if meta is not None else "offset 0 (no snapshot)"
         raise NoExactReplica(
             f"{model_topic} starts at offset {start}, after {what}: retention deleted deltas that "
             "no snapshot holds, so no replica of this fleet can be made exact; start a new fleet "
@@ -162,7 +163,8 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
     back); without, wait up to ``wait`` seconds."""
     ensure_fleet_topics(bootstrap, model_topic)
     topic = snapshots.snapshot_topic(model_topic)
-    snap, deadline = snapshots.newest(bootstrap, topic), time.monotonic() + wait
+    holds = functools.partial(_check_log_holds, bootstrap, model_topic)   # before a snapshot is read
+    snap, deadline = snapshots.newest(bootstrap, topic, check=holds), time.monotonic() + wait
     while snap is None:
         if make_recommender is not None:
             _check_log_holds(bootstrap, model_topic, None)   # (not a first snapshot of a used topic)
@@ -175,8 +177,7 @@ def open_replica(bootstrap: str, model_topic: str, make_recommender=None, member
             raise TimeoutError(f"no snapshot in {topic} after {wait:g} s: start a learner first")
         else:
             time.sleep(0.5)
-        snap = snapshots.newest(bootstrap, topic)
-    _check_log_holds(bootstrap, model_topic, snap)
+        snap = snapshots.newest(bootstrap, topic, check=holds)
     model_cls = MODELS[snap.meta["model_class"]]
     if make_recommender is not None:   # a learning member: its kernels loaded before its first batch
         warm(snap.parts, model_cls)

@@ -78,9 +78,12 @@ def write(producer, topic: str, parts: dict[str, bytes], meta: dict, timeout: fl
     return future.get(timeout=timeout).offset
 
 
-def newest(bootstrap: str, topic: str, timeout: float = 30.0) -> Snapshot | None:
+def newest(bootstrap: str, topic: str, timeout: float = 30.0, check=None) -> Snapshot | None:
     """The newest snapshot whose chunks verify (SHA-256 of the whole, so Kafka's per-batch CRC,
-    slow in Python, is not checked), or None when the topic holds none."""
+    slow in Python, is not checked), or None when the topic holds none. ``check(meta)``, if
+    given, sees each manifest's meta before its chunks are read, and what it raises propagates:
+    a snapshot refused is never loaded (a replica that cannot be made exact from the newest
+    snapshot learns so from its manifest, not from a whole model read again at every retry)."""
     from kafka import KafkaConsumer, TopicPartition
     from sketchrec.stream.kafka.consumer import kafka_config
     consumer = KafkaConsumer(**kafka_config(bootstrap), enable_auto_commit=False, check_crcs=False,
@@ -96,6 +99,8 @@ def newest(bootstrap: str, topic: str, timeout: float = 30.0) -> Snapshot | None
             lo = max(start, end - _WINDOW)
             manifests = [(o, h) for o, h, _ in _read(consumer, tp, lo, end, timeout) if h.get("manifest")]
             for offset, manifest in reversed(manifests):
+                if check is not None:
+                    check(manifest["meta"])
                 snap = _load(consumer, tp, offset, manifest, timeout)
                 if snap is not None:
                     return _first_empty(consumer, tp, start, snap, timeout)

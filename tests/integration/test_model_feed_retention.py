@@ -13,7 +13,6 @@ import logging
 import re
 import time
 import uuid
-from types import SimpleNamespace
 
 import pytest
 
@@ -124,8 +123,8 @@ def test_a_replica_opens_only_from_a_snapshot_the_log_follows(mock_broker, pytho
     from sketchrec.stream.fleet.replicas import NoExactReplica, _check_log_holds
     topic, start, end = _trimmed_topic(mock_broker)
 
-    def snapshot(position):
-        return SimpleNamespace(meta={"fleet": {"position": position}})
+    def snapshot(position):   # a snapshot's meta
+        return {"fleet": {"position": position}}
     _check_log_holds(mock_broker[0], topic, snapshot(start))
     _check_log_holds(mock_broker[0], topic, snapshot(end))   # nothing after it yet
     # past the end: the topic was made again since the snapshot (a rebuild from it would read
@@ -185,3 +184,27 @@ def test_a_serve_replica_rebuilt_in_place_keeps_its_serving_options(kafka_bootst
             replica.feed.close()
         held[bound is None] = (service.recommender.catalogue.max_items, len(service.recommender.catalogue))
     assert held[False][0] == 4 and 0 < held[False][1] <= 4 and held[True][1] == 20, held
+
+
+def test_a_replica_refused_by_the_log_never_reads_the_snapshot(kafka_bootstrap, monkeypatch):
+    """A replica that cannot be made exact learns so from the newest snapshot's manifest: the
+    snapshot itself (the whole model) is not read, so a serve replica retrying its rebuild does not
+    read it again every time. The snapshot is read once the log holds what follows it."""
+    from sketchrec.models import SketchMF
+    from sketchrec.stream.fleet import replicas, snapshots
+    from sketchrec.stream.recommender import Recommender
+    topic = f"refused-{uuid.uuid4().hex[:6]}.model"
+    replicas.open_replica(kafka_bootstrap, topic, lambda: Recommender(SketchMF(capacity=64, seed=0), pair_capacity=256),
+                          member="m1")   # the first member: writes the first snapshot
+    loaded, load = [], snapshots._load
+    monkeypatch.setattr(snapshots, "_load", lambda *a: loaded.append(a[2]) or load(*a))
+    holds = replicas._check_log_holds
+
+    def gone(bootstrap, model_topic, meta):   # as if retention had deleted the deltas after it
+        raise replicas.NoExactReplica(f"{model_topic} starts after the newest snapshot's position")
+    monkeypatch.setattr(replicas, "_check_log_holds", gone)
+    with pytest.raises(replicas.NoExactReplica):
+        replicas.open_replica(kafka_bootstrap, topic)
+    assert loaded == []
+    monkeypatch.setattr(replicas, "_check_log_holds", holds)
+    assert replicas.open_replica(kafka_bootstrap, topic).fleet.position == 0 and len(loaded) == 1
