@@ -14,8 +14,8 @@ from numba import njit
 def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
             where: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The entries where ``now`` differs from ``base``, as ``dtype`` (default: the arrays' own),
-    in the smallest of three forms: sparse (``name.i`` gaps between flat indices, uint32, which
-    compress well; ``name.v`` values), a bitmap (``name.b``, one bit per entry, little-endian
+    in the smallest of three forms: sparse (``name.i`` gaps between flat indices, uint16 when
+    every gap fits, else uint32, which compress well; ``name.v`` values), a bitmap (``name.b``, one bit per entry, little-endian
     bit order; ``name.v`` values: a delta that moved 1 entry in 8 or more) or dense
     (``name.d``); {} when nothing changed. ``where`` (sorted flat indices) limits the comparison
     to the entries that can have changed. ``base`` becomes ``now``; when ``dtype`` rounds, only
@@ -24,7 +24,7 @@ def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
 
     >>> base = np.ones(4)
     >>> publish(np.array([1., 5., 1., 1.]), base, "x"), base
-    ({'x.i': array([1], dtype=uint32), 'x.v': array([4.])}, array([1., 5., 1., 1.]))
+    ({'x.i': array([1], dtype=uint16), 'x.v': array([4.])}, array([1., 5., 1., 1.]))
     """
     flat_now, flat_base = now.reshape(-1), base.reshape(-1)  # views: the arrays are contiguous
     if dtype is None:  # one compiled pass: the take's larger part
@@ -60,7 +60,10 @@ def encode_entries(name: str, idx: np.ndarray, values: np.ndarray, size: int) ->
         return {name + ".b": bits, name + ".v": values}
     if n * (4 + item) < size * item:
         gaps = np.empty(n, np.uint32)
-        _index_gaps(idx, gaps)
+        if _index_gaps(idx, gaps) < 1 << 16:
+            # half the bytes for zstd to pack and unpack (most of a take's and an apply's
+            # (de)compression) and a smaller delta; a reader sums gaps of any unsigned width
+            gaps = gaps.astype(np.uint16)
         return {name + ".i": gaps, name + ".v": values}
     out = np.zeros(size, dtype=values.dtype)
     out[idx] = values
@@ -126,17 +129,20 @@ def _add_at2(flat, other, idx, values):
 
 @njit(nogil=True, cache=True)
 def _index_gaps(idx, out):
-    """out = the gaps between sorted indices (the first from 0), as uint32: np.diff's prepend
-    and cast were a take's larger costs after the comparison itself."""
-    last = np.int64(0)
+    """out = the gaps between sorted indices (the first from 0), as uint32 (np.diff's prepend
+    and cast were a take's larger costs after the comparison itself); returns the largest."""
+    last, largest = np.int64(0), np.int64(0)
     for n in range(idx.shape[0]):
-        out[n] = np.uint32(idx[n] - last)
+        gap = idx[n] - last
+        out[n] = np.uint32(gap)
+        largest = max(largest, gap)
         last = idx[n]
+    return largest
 
 
 @njit(nogil=True, cache=True)
 def _gap_indices(gaps, out):
-    """out = the running sum of ``gaps`` (uint32) as int64: np.cumsum's cast to int64 went
+    """out = the running sum of ``gaps`` (uint16 or uint32) as int64: np.cumsum's cast to int64 went
     through a buffered loop that cost more than the apply's additions."""
     total = np.int64(0)
     for n in range(gaps.shape[0]):
@@ -175,7 +181,7 @@ def _fits(values: np.ndarray, like: np.ndarray) -> bool:
 
 def _indices(gaps: np.ndarray) -> np.ndarray:
     """The flat indices whose gaps a sparse delta carries (``name.i``)."""
-    if gaps.dtype != np.uint32 or gaps.ndim != 1:
+    if gaps.dtype not in (np.uint16, np.uint32) or gaps.ndim != 1:
         return np.cumsum(gaps, dtype=np.int64)
     idx = np.empty(len(gaps), np.int64)
     _gap_indices(gaps, idx)

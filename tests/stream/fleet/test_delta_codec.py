@@ -34,3 +34,14 @@ def test_an_entry_added_to_a_model_and_its_base_lands_in_both_alike(dtype):
     want[idx] = [1, 2, 3]
     np.testing.assert_array_equal(model.reshape(-1), 0.5 + want)
     np.testing.assert_array_equal(base.reshape(-1), 0.25 + want)
+
+
+def test_gaps_that_fit_go_as_uint16_and_read_as_the_reader_before_them_summed_them():
+    """Half the bytes to (de)compress where every gap fits in 16 bits; a reader that summed the
+    gaps with np.cumsum (any unsigned width) gets the same indices, so no format version moves."""
+    like = _Like(1 << 20)
+    for idx, width in (([5, 65540], np.uint16), ([0, 65535, 131072], np.uint32), ([70000], np.uint32)):
+        out = encode_entries("x", np.array(idx, np.int64), np.ones(len(idx), np.float32), like.size)
+        assert out["x.i"].dtype == width
+        assert entries_of(out, "x", like)[0].tolist() == idx
+        assert np.cumsum(out["x.i"], dtype=np.int64).tolist() == idx
