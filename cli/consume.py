@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="publish this member's delta every MS milliseconds")
     fleet.add_argument("--sync-ratings", type=int, metavar="N",
                        help="... or after N ratings, whichever comes first (replicas drift apart "
-                       "the more each learns alone: see docs/scaling.md). Default: two members 6,000 (--model sketch 8,000); "
+                       "the more each learns alone: see docs/scaling.md). Default: two members 6,000 "
+                       "(--model sketch 8,000); "
                        "from three on the model's drift budget over the other members (--model sketch "
                        "6,000, the others 3,000), at least 500, shorter while a few items take most "
                        "ratings; a DP-SGD fleet: 2,000 in whole --dp-batch "

@@ -121,9 +121,11 @@ class ModelReplica:
 
     def fleet_size(self, members: float) -> None:
         """Members learning concurrently: a take composes this replica's item-bias moves with
-        theirs (``compose_biases``). Never a DP-SGD model's: a scale set from raw per-item counts
-        is no post-processing of its noised steps."""
-        self.biases.fleet_size(1 if mode_of(self.model).dp_sgd else members)
+        theirs (``compose_biases``). Never a noisy step rule's: a scale set from raw per-item
+        counts is no post-processing of DP-SGD's noised steps, and it would shrink SGLD's
+        Langevin noise with the gradient (the sampler's temperature)."""
+        noisy = mode_of(self.model).dp_sgd or self.model.sgld_temperature is not None
+        self.biases.fleet_size(1 if noisy else members)
 
     def _full(self) -> bool:
         """Whether the cells the rows touched since the last take address (with repeats) are as

@@ -13,7 +13,7 @@ factor model's item biases (``compose_biases``): it scales its own change so tha
 sum to one learner's, and those no longer overshoot. What is left uncomposed, the vectors' SGD and
 AdaGrad steps, overshoots only where a few items take a large share of the ratings (four members
 of the sketch, a fixed interval, 20 items: the hottest a fifth of the ratings, ran away from one
-learner; paced, they stayed within a percent of it). Two members cannot (each fraction is below
+learner; paced, they stayed close to it). Two members cannot (each fraction is below
 1), so the bound below only applies from three members on: a member syncs before its hottest item
 can take more than ``HOT_STEPS`` / M steps since its last take, measured on the interval before
 (the interval adapts to the stream's skew).

@@ -214,8 +214,9 @@ class DeltaTracker:
         self._model.refresh_every(ratings)
 
     def fleet_size(self, members: int) -> None:
-        """Members learning concurrently: a take composes the count-weighted moves of this
-        many (``compose``; a model without such arrays ignores it)."""
+        """Members learning concurrently: a take composes the count-weighted moves and a factor
+        model's item biases with this many (``compose``, ``compose_biases``; a model without
+        such state ignores it)."""
         if hasattr(self._model, "fleet_size"):
             self._model.fleet_size(members)
 

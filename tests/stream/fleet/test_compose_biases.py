@@ -46,9 +46,10 @@ def test_an_items_bias_change_is_scaled_by_its_share(heavy_slots):
 
 
 def test_replicas_hold_what_the_members_published():
-    """Three sketch members composed, and a reader that only applies: every replica predicts what
-    the reader does; the scale is kept by the member that published it."""
-    recs = [Recommender(SketchMF(dim=8, capacity=500, seed=1), pair_capacity=50_000) for _ in range(4)]
+    """Three sketch members composed, and two readers that only apply, in the same order: the
+    readers hold the same state bit for bit, and every replica predicts what they do; the scale
+    is kept by the member that published it."""
+    recs = [Recommender(SketchMF(dim=8, capacity=500, seed=1), pair_capacity=50_000) for _ in range(5)]
     trackers = [DeltaTracker(rec, member=f"m{k}") for k, rec in enumerate(recs)]
     for tracker in trackers[:3]:
         tracker.fleet_size(3)
@@ -65,20 +66,25 @@ def test_replicas_hold_what_the_members_published():
                     tracker.apply(blob)
     for tracker in trackers:
         tracker.settle()
+    assert trackers[3].state_digest() == trackers[4].state_digest()
     q = np.random.default_rng(3).integers(0, 400, 300), np.random.default_rng(4).integers(0, len(ITEMS), 300)
     predictions = np.array([r.model.predict_many(*q) for r in recs])
     np.testing.assert_allclose(predictions, np.broadcast_to(predictions[-1], predictions.shape), atol=1e-5)
 
 
-def test_a_dp_sgd_model_is_never_composed():
-    """A scale set from raw per-item counts is no post-processing of noised steps: a DP-SGD
-    replica ignores the fleet's size, and its take publishes its learning unscaled."""
+def test_a_noisy_step_rule_is_never_composed():
+    """A scale set from raw per-item counts is no post-processing of noised steps, and it would
+    shrink SGLD's Langevin noise with the gradient: a DP-SGD or SGLD replica ignores the fleet's
+    size, and its take publishes its learning unscaled."""
     from sketchrec.models.private.dp_sgd import DPConfig
     model = SketchMF(dim=8, capacity=500, seed=0,
                      dp=DPConfig(noise_multiplier=1.0, clip=1.0, batch_size=100, rating_range=(0.5, 5.0)))
     replica = ModelReplica(model)
     replica.fleet_size(4)
     assert replica.biases.members == 1
+    sgld = ModelReplica(SketchMF(dim=8, capacity=500, seed=0, sgld_temperature=1.0))
+    sgld.fleet_size(4)
+    assert sgld.biases.members == 1
     plain = ModelReplica(SketchMF(dim=8, capacity=500, seed=0))
     plain.fleet_size(4)
     assert plain.biases.members == 4   # the broken variant's number, on a model without DP
