@@ -272,14 +272,9 @@ def _admit(slot_keys, slot_families, rows, S, view, keys, families, starts, cell
                np.empty((WAYS, view.shape[1]), view.dtype))
     for b in np.flatnonzero(touched):
         _sort_bucket(b * WAYS, slot_keys, slot_families, rows, S, view, scratch)
-    fresh, n_fresh = np.empty(keys.shape[0], np.int64), 0
-    for n in np.flatnonzero(placed):   # where each id placed sits now (if not pushed out since)
-        for s in range(starts[n], starts[n] + WAYS):
-            if slot_keys[s] == keys[n] and slot_families[s] == families[n]:
-                fresh[n_fresh] = s
-                n_fresh += 1
-                break
-    _refresh(rows, view, S, slot_keys, slot_families, fresh[:n_fresh], cells, salts, bias,
+    placed_at = np.flatnonzero(placed)   # where each id placed sits now (-1: pushed out since)
+    fresh = _find(slot_keys, slot_families, keys[placed_at], families[placed_at], starts[placed_at])
+    _refresh(rows, view, S, slot_keys, slot_families, fresh[fresh >= 0], cells, salts, bias,
              bias_salts)
     return n_spilled
 
