@@ -39,13 +39,13 @@ def test_a_dp_members_interval_is_left_alone():
     assert hot.rate is None and hot.bound(sync_interval(4, 1_000), members=4) == 2_000
 
 
-def _member(sync_ratings: int | None, held: set, rate: float):
+def _member(sync_ratings: int | None, held: set, rate: float, kind: str = "Experts"):
     """A fleet member's pacing state alone (``FleetLearner._pace`` reads nothing else): a group
     that gave it ``held`` of four partitions, a last interval whose hottest item took ``rate``."""
     from sketchrec.stream.fleet.member import FleetLearner
-    from sketchrec.stream.fleet.pace import SYNC_RATINGS
+    from sketchrec.stream.fleet.pace import SYNC_RATINGS, budget
     member = object.__new__(FleetLearner)
-    member.topic, member.dp_batch = "t", None
+    member.topic, member.dp_batch, member.budget = "t", None, budget(kind)
     member.consumer = SimpleNamespace(partitions_for_topic=lambda topic: {0, 1, 2, 3},
                                       assignment=lambda: [SimpleNamespace(partition=p) for p in held])
     member.tracker = SimpleNamespace(refresh_every=lambda ratings: None, fleet_size=lambda members: None)
@@ -66,6 +66,17 @@ def test_a_given_interval_is_paced_like_the_default_one():
     assert _member(None, held={0}, rate=0.05) == min(hot, sync_interval(4))
     assert _member(2_000, held={0}, rate=0.001) == 2_000   # nothing hot: N as given
     assert _member(2_000, held={0, 1}, rate=0.05) == 2_000   # two members: no bound
+
+
+def test_a_members_default_interval_is_its_model_kinds():
+    """With nothing hot, a member's default interval is its model kind's drift budget over the
+    other members (the sketch alone, whose item biases compose, twice the others'), and two
+    members' is the kind's pair interval; the same budget for every kind is the broken variant."""
+    from sketchrec.stream.fleet.pace import KIND_BUDGETS
+    quiet = dict(held={0}, rate=0.0001)
+    sketch, other = _member(None, **quiet, kind="SketchMF"), _member(None, **quiet)
+    assert sketch == KIND_BUDGETS["SketchMF"].drift // 3 and other == sync_interval(4) and sketch == 2 * other
+    assert _member(None, held={0, 1}, rate=0.0001, kind="SketchMF") == KIND_BUDGETS["SketchMF"].pair
 
 
 def test_a_members_chunks_reach_its_interval_in_whole_messages():
