@@ -1,5 +1,7 @@
 """Model state to bytes and back, and checkpoints that survive corruption and truncation."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -76,7 +78,7 @@ def test_recommender_state_round_trip_serves_the_same_answers():
     assert back.catalogue.snapshot()[0] == rec.catalogue.snapshot()[0]
 
 
-def test_item_snapshot_refreshes_only_when_learned_and_due():
+def test_item_snapshot_refreshes_only_when_learned_and_due(monkeypatch):
     data = SyntheticStream(n_ratings=4000, n_users=100, n_items=80, seed=6).all()
     rec = Recommender(SketchMF(capacity=180, dim=8), pair_capacity=10_000, refresh_s=3600)
     rec.learn_many(data.users[:2000], data.items[:2000], data.ratings[:2000])
@@ -85,6 +87,10 @@ def test_item_snapshot_refreshes_only_when_learned_and_due():
     rec.learn_many(data.users[2000:], data.items[2000:], data.ratings[2000:])
     assert rec.item_snapshot() is first                       # learned, but not due for an hour
     rec.refresh_s = 0.0
+    # due also waits 10 x the last build's cost (a back-off that a loaded machine's slow first
+    # build made the test's next call miss): read it an hour on, as on any machine
+    later = time.monotonic() + 3600
+    monkeypatch.setattr(time, "monotonic", lambda: later)
     fresh = rec.item_snapshot()
     assert fresh is not first and fresh.learned == 4000
     vectors, biases = rec.model.factors(fresh.keys, 1)
