@@ -71,6 +71,7 @@ class Catalogue:
         self._keys = np.empty(1024 if max_items is None else min(1024, max_items), dtype=np.uint64)
         self._known = np.empty(0, dtype=np.uint64)   # the keys, sorted: a batch is checked in C
         self._id_bytes = 0       # Python objects of the ids (kept up to date: /stats reads it)
+        self._journal: list | None = None   # ids first seen since the last take_new (None: not kept)
         self._lock = threading.Lock()
 
     def add(self, ids, keys: np.ndarray) -> None:
@@ -85,6 +86,8 @@ class Catalogue:
                 uniq, first = uniq[fresh], first[fresh]
             new = np.sort(first)
             new_ids = [ids[n].item() if hasattr(ids[n], "item") else ids[n] for n in new]
+            if self._journal is not None:
+                self._journal.extend(new_ids)   # whether a compaction then keeps them or not
             if self.max_items is not None and len(self.ids) + len(new) > self.max_items:
                 self._compact(new_ids, keys[new])
                 return
@@ -145,17 +148,22 @@ class Catalogue:
     def snapshot(self) -> tuple[list, np.ndarray]:
         return self.view()[:2]
 
-    def since(self, n: int) -> tuple[list, int]:
-        """(the ids from row ``n`` on, how many ids there are) at one moment: a fleet replica's
-        new ids at each take and apply, without copying the whole list (``snapshot``) each time.
+    def take_new(self) -> list:
+        """The ids first seen since the last call, in first-seen order, whatever compactions
+        renumbered in between (a fleet replica publishes them at each take: rows cannot say
+        which ids are new once a compaction reorders them). The first call starts the record
+        and returns []; a catalogue never asked keeps none.
 
-        >>> cat = Catalogue()
-        >>> cat.add(np.array([7, 5]), np.array([70, 50], dtype=np.uint64))
-        >>> cat.since(1)
-        ([5], 2)
+        >>> cat = Catalogue(max_items=2, keep=0.5)
+        >>> cat.take_new()
+        []
+        >>> cat.add(np.array([7, 5, 3]), np.array([70, 50, 30], dtype=np.uint64))   # compacts
+        >>> cat.take_new(), cat.generation
+        ([7, 5, 3], 1)
         """
         with self._lock:
-            return self.ids[n:], len(self.ids)
+            new, self._journal = self._journal or [], []
+            return new
 
     def view(self) -> tuple[list, np.ndarray, int]:
         """(ids, keys, generation) at one moment: rows are valid within that generation."""

@@ -118,8 +118,8 @@ class DeltaTracker:
                                   deferred=True)
         self._params = _params_digest(recommender.model)
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
-        self._n_items = len(recommender.catalogue)   # catalogue items up to here are published
-        self._received: set = set()                    # items after that which came by apply
+        recommender.catalogue.take_new()   # the items so far count as published
+        self._new: list = []   # items first seen here by learning since the last take
         self._rerank, self._reranked_at = False, 0.0    # popular list: counts moved since / when
         recommender.popularity = _Counted.of(recommender.popularity)
         recommender.observers.append(self._observe)
@@ -152,15 +152,12 @@ class DeltaTracker:
             arrays.update({"seen_pairs": distinct(pair_keys(ukeys, ikeys)),
                            "seen_users": distinct(ukeys), "seen_items": items,
                            "seen_counts": counts.astype(np.uint32)})
-        ids, n_items = rec.catalogue.since(self._n_items)
-        new_ids = [i for i in ids if i not in self._received]
-        self._received = set()
+        new_ids, self._new = self._new + rec.catalogue.take_new(), []
         if not arrays and not new_ids:
             return None
         header = {"member": self.member, "seq": self.seq + 1, "params": self._params,
                   "items": new_ids, "meta": meta}
         self.seq += 1
-        self._n_items = n_items
         if "seen_items" in arrays:
             self._popular_moved()
         return encode(header, arrays, self.compress)
@@ -184,10 +181,10 @@ class DeltaTracker:
             rec.popularity.sketch.add_many(arrays["seen_items"], arrays["seen_counts"])
         items = header["items"]
         if items:
-            before = len(rec.catalogue)
             cat = _id_array(items)
+            self._new += rec.catalogue.take_new()   # learned here: ours to publish
             rec.catalogue.add(cat, rec.id_keys.as_keys(cat))   # the model's keys (keyed when private)
-            self._received.update(rec.catalogue.since(before)[0])  # not ours to publish
+            rec.catalogue.take_new()   # received: not ours
         self.applied[member] = seq
         if "seen_items" in arrays:
             self._popular_moved()

@@ -366,3 +366,21 @@ def test_a_period_set_again_at_every_poll_keeps_the_held_slots_wait():
     waits = polls * batches * size // (REFRESH_SLOT_RATINGS * len(held()))
     # each wait: one count of the slots and one full refresh (which walks them), and the first count
     assert len(held()) > 0 and len(counted) <= 3 * waits + 1, (len(counted), waits)
+
+
+def test_items_first_seen_in_a_batch_that_compacts_the_catalogue_are_published():
+    """A full catalogue renumbers its rows when it compacts: the ids first learned in that batch
+    (and the others learned since the last take) still reach the other replicas."""
+    small, reader = (Recommender(SketchMF(capacity=64, seed=0), pair_capacity=1_000, max_items=n)
+                     for n in (8, None))   # the reader's: the model's size, roomy here
+    ta, tr = DeltaTracker(small, member="a"), DeltaTracker(reader, member="r")
+    small.learn_many(np.arange(6), np.arange(6), np.full(6, 4.0))
+    tr.apply(ta.take())
+    small.learn_many(np.arange(6), np.arange(100, 106), np.full(6, 3.0))   # 12 > 8: compacts
+    assert small.catalogue.generation == 1
+    blob = ta.take()
+    assert sorted(decode(blob)[0]["items"]) == list(range(100, 106))
+    tr.apply(blob)
+    assert sorted(reader.catalogue.snapshot()[0]) == [*range(6), *range(100, 106)]
+    reader.learn_many([7], [200], [5.0])   # and what a replica receives it does not publish again
+    assert decode(tr.take())[0]["items"] == [200]
