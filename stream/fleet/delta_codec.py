@@ -60,10 +60,13 @@ def encode_entries(name: str, idx: np.ndarray, values: np.ndarray, size: int) ->
         return {name + ".b": bits, name + ".v": values}
     if n * (4 + item) < size * item:
         gaps = np.empty(n, np.uint32)
-        if _index_gaps(idx, gaps) < 1 << 16:
+        largest = _index_gaps(idx, gaps)
+        if largest < 1 << 16:
             # half the bytes for zstd to pack and unpack (most of a take's and an apply's
             # (de)compression) and a smaller delta; a reader sums gaps of any unsigned width
             gaps = gaps.astype(np.uint16)
+        elif largest >= 1 << 32:   # an array of over 4 G entries: uint32 gaps would wrap
+            gaps = np.diff(idx, prepend=0).astype(np.uint64)
         return {name + ".i": gaps, name + ".v": values}
     out = np.zeros(size, dtype=values.dtype)
     out[idx] = values

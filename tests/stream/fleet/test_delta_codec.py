@@ -45,3 +45,10 @@ def test_gaps_that_fit_go_as_uint16_and_read_as_the_reader_before_them_summed_th
         assert out["x.i"].dtype == width
         assert entries_of(out, "x", like)[0].tolist() == idx
         assert np.cumsum(out["x.i"], dtype=np.int64).tolist() == idx
+
+
+def test_a_gap_past_the_uint32_range_goes_wider_instead_of_wrapping():
+    idx = np.array([3, 2**32 + 7], np.int64)   # a model of over 4 G entries
+    out = encode_entries("x", idx, np.ones(2, np.float32), 2**33)
+    assert out["x.i"].dtype == np.uint64
+    assert entries_of(out, "x", _Like(2**33))[0].tolist() == idx.tolist()
