@@ -43,7 +43,11 @@ learner's replica runs ahead of what it published by what it learned since. A de
 applied once: each carries its member's id and a sequence number, and ``apply`` refuses one
 whose sequence number it has already passed for that member, or its own (ValueError); deltas of
 one member must therefore be applied in the order they were taken (one Kafka partition per
-member's deltas, or one partition for all, keeps that).
+member's deltas, or one partition for all, keeps that). The catalogue is a union only while
+it has room: a full one (``stream.catalogue``, at most the model's size by default) compacts to
+its most counted ids when it fills, which happens at another moment on each replica, so full
+catalogues may keep different ids (each still gets every id a member first learned: ``take``
+publishes them whatever a compaction renumbered).
 
 Operation. ``take`` and ``apply`` change the model: call them between learned batches (the
 learning thread, or with ``recommender.learning`` cleared), never while ``learn_many`` runs;
