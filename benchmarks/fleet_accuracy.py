@@ -1,7 +1,8 @@
 """How well a fleet learns against one learner on the same stream (``sketchrec bench fleet
 --accuracy``), in one process without a broker: the fleet's prequential RMSE over one learner's,
-for the default learner, for DP-SGD at a given epsilon and for the sketch alone (the learner whose
-CPU `bench fleet` measures), over several streams and seeds, so that
+for the default learner, for DP-SGD at a given epsilon, for the default learner on a local-DP
+topic and for the sketch alone (the learner whose CPU `bench fleet` measures), over several
+streams and seeds, so that
 a claim like "within 1 %" is a mean and a spread, not one run.
 
 The fleet is ``m`` replicas of one recommender (``DeltaTracker``), each learning the ratings of its
@@ -17,6 +18,13 @@ pass's budget on the steps, no private fallback: ``cli.fleet.fleet_dp``), so the
 what the fleet changes (each member's noisy steps are over its own chunks; every step's noise
 reaches every replica through the deltas). The noise is seeded (``debug_noise_seed``, distinct
 per member and per seed) so that a run can be repeated: a measurement, never a private model.
+
+LDP: the stream's ratings are perturbed as the devices of a local-DP topic perturb them
+(``privacy.ldp``: Bounded Laplace at ``LDP_EPSILON``, on the ratings' range), once per stream and seed,
+and the fleet and the one learner (both the default learner) learn the same perturbed ratings;
+each prediction is scored as `consume` serves it by default (not mapped back: no
+``--ldp-debias``) against the raw rating. The devices' noise is seeded too (a measurement: no
+guarantee).
 
 >>> data = SyntheticStream(3000, n_users=60, n_items=40, seed=0).all()
 >>> out = fleet_vs_one(data, "mix", 2, every=500, seed=0)
@@ -35,23 +43,30 @@ from sketchrec.data import Ratings
 from sketchrec.models.registry import DP_DEFAULTS
 from sketchrec.synthetic import SyntheticStream
 
-# the default learner, DP-SGD, and the sketch alone (the learner of `bench fleet`'s CPU figures)
-KINDS = ("mix", "dp", "sketch")
+# the default learner, DP-SGD, the default learner on an LDP topic, and the sketch alone (the
+# learner of `bench fleet`'s CPU figures)
+KINDS = ("mix", "dp", "ldp", "sketch")
 MEMBERS = (2, 4)
 SEEDS = (0, 1, 2)
 EPSILON = 1.0
+# an LDP topic's epsilon per rating: at 1 the perturbed ratings carry so little signal that one
+# pass learns little beyond the biases, and members that never apply each other's deltas came as
+# close to one learner as the fleet (synthetic streams, 3 seeds): the comparison could not see a
+# broken sync. At 4 it can (tests/benchmarks/test_fleet_accuracy.py)
+LDP_EPSILON = 4.0
 ONE_CHUNK = 10_000   # ratings per learn call of the one learner
 
 
 def model(kind: str, capacity: int, seed: int, noise_seed: int = 0, epsilon: float = EPSILON):
     """A fresh model of ``kind``: "mix" is the default learner (``Experts`` with its default
-    members, as `consume` builds it without options), "bias" its bias baseline alone, "sketch" the
+    members, as `consume` builds it without options; "ldp" learns with it too, from perturbed
+    ratings: ``_given``), "bias" its bias baseline alone, "sketch" the
     sketch alone (`--model sketch`); "dp" is the sketch with DP-SGD at
     ``epsilon`` (rating unit, DP defaults) as a fleet member runs it, its noise seeded by
     ``noise_seed`` (reproducible: no guarantee)."""
     from sketchrec.models import SketchMF
     from sketchrec.models.mix import Experts
-    if kind == "mix":
+    if kind in ("mix", "ldp"):
         return Experts(capacity=capacity, seed=seed)
     if kind == "bias":   # mix's first member alone
         from sketchrec.models.bias_baseline import BiasBaseline
@@ -59,7 +74,7 @@ def model(kind: str, capacity: int, seed: int, noise_seed: int = 0, epsilon: flo
     if kind == "sketch":   # `--model sketch`, the learner of `bench fleet`'s CPU figures
         return SketchMF(capacity=capacity, seed=seed)
     if kind != "dp":
-        raise ValueError(f"kind must be one of {KINDS}, bias or sketch")
+        raise ValueError(f"kind must be one of {KINDS} or bias")
     from sketchrec.models.private.dp_sgd import DPConfig
     from sketchrec.privacy.budget import stream_noise_multiplier
     sigma = 0.0 if math.isinf(epsilon) else stream_noise_multiplier(epsilon, DP_DEFAULTS["delta"], 1,
@@ -88,13 +103,25 @@ def _rmse(predictions: np.ndarray, data: Ratings) -> float:
     return float(np.sqrt(np.mean((predictions - data.ratings) ** 2)))
 
 
+def _given(data: Ratings, kind: str, seed: int) -> np.ndarray:
+    """The ratings the learners of ``kind`` learn: an LDP topic's perturbed ones (the same for
+    every learner at ``seed``), any other kind's as they are."""
+    if kind != "ldp":
+        return data.ratings
+    from sketchrec.privacy.ldp import DeviceRandomiser
+    devices = DeviceRandomiser(LDP_EPSILON, float(data.ratings.min()), float(data.ratings.max()),
+                               seed=10_007 + seed)
+    return devices.perturb(data.ratings)
+
+
 def one_learner(data: Ratings, kind: str, seed: int = 0) -> float:
     """The prequential RMSE of one learner of ``kind`` over ``data``, learned in chunks of
     ``ONE_CHUNK`` (a plain `consume` learns a poll at a time)."""
     rec, predictions = _recommender(data, kind, seed), np.empty(len(data))
+    ratings = _given(data, kind, seed)
     for start in range(0, len(data), ONE_CHUNK):
         rows = slice(start, start + ONE_CHUNK)
-        predictions[rows] = rec.learn_many(data.users[rows], data.items[rows], data.ratings[rows])
+        predictions[rows] = rec.learn_many(data.users[rows], data.items[rows], ratings[rows])
     return _rmse(predictions, data)
 
 
@@ -124,7 +151,7 @@ def fleet(data: Ratings, kind: str, m: int, every: int | None = None, seed: int 
         if getattr(rec.model, "dp", None) is not None:
             rec.model.id_keys = recs[0].model.id_keys
             rec.model.dp = replace(rec.model.dp, debug_noise_seed=1000 * seed + k + 1)
-    users, items, ratings = data.users, data.items, data.ratings
+    users, items, ratings = data.users, data.items, _given(data, kind, seed)
     parts = [np.flatnonzero(users.astype(np.int64) % m == k) for k in range(m)]
     predictions, start = np.empty(len(data)), 0
     while start < max(map(len, parts)):

@@ -145,7 +145,8 @@ def accuracy_markdown(report: dict, command: str) -> str:
     stream, as mean [min, max] over the seeds, and over every stream and seed."""
     kinds = report["accuracy"]
     streams = list(dict.fromkeys(s for sizes in kinds.values() for by in sizes.values() for s in by if s != "all"))
-    names = {"mix": "default (`mix`)", "dp": "DP-SGD, ε = 1", "sketch": "the sketch alone (`--model sketch`)"}
+    names = {"mix": "default (`mix`)", "dp": "DP-SGD, ε = 1", "ldp": "default on an LDP topic, ε = 4 per rating",
+             "sketch": "the sketch alone (`--model sketch`)"}
     lines = [f"Command: `{command}` (in one process, no broker; deterministic).", "",
              "| learner | M | " + " | ".join(streams) + " | all |", "|---" * (len(streams) + 3) + "|"]
 

@@ -1,7 +1,7 @@
 """A fleet learns about as well as one learner on the same stream (``benchmarks.fleet_accuracy``: in
-one process, no broker, so the figures are deterministic), for the default learner and for DP-SGD
-at the same epsilon; a fleet whose members never apply each other's deltas is far off, so the
-measurement sees a broken sync. The bounds are the measured spread over seeds plus a margin
+one process, no broker, so the figures are deterministic), for the default learner, for DP-SGD
+at the same epsilon and on an LDP topic; a fleet whose members never apply each other's deltas is
+far off, so the measurement sees a broken sync. The bounds are the measured spread over seeds plus a margin
 (docs/fleet.md, "How close to one learner")."""
 
 import numpy as np
@@ -86,6 +86,22 @@ def test_a_dp_fleet_is_close_to_one_dp_learner_at_the_same_epsilon(monkeypatch):
     apart = [fleet_accuracy.fleet(data, "dp", 2, seed=s) / one
              for s, (data, one) in enumerate(zip(streams, ones))]
     assert np.mean(ratios) < 1.01 and max(ratios) < 1.02 and np.mean(apart) > 1.015, (ratios, apart)
+
+
+def test_an_ldp_fleet_is_close_to_one_learner_of_the_same_perturbed_stream(monkeypatch):
+    """Two members of the default learner on an LDP topic (the devices' noise seeded for the
+    test) against one learner of the same perturbed ratings, over two synthetic streams; the
+    broken variant never applies the other member's deltas and is further off."""
+    from sketchrec.stream.fleet.tracker import DeltaTracker
+    streams = [SyntheticStream(30_000, n_users=2000, n_items=750, seed=s).all() for s in range(2)]
+    ones = [fleet_accuracy.one_learner(data, "ldp", s) for s, data in enumerate(streams)]
+    assert ones[0] > 1.05 * fleet_accuracy.one_learner(streams[0], "mix", 0)   # learned perturbed
+    ratios = [fleet_accuracy.fleet(data, "ldp", 2, seed=s) / one
+              for s, (data, one) in enumerate(zip(streams, ones))]
+    monkeypatch.setattr(DeltaTracker, "apply", lambda self, blob: {})
+    alone = [fleet_accuracy.fleet(data, "ldp", 2, seed=s) / one
+             for s, (data, one) in enumerate(zip(streams, ones))]
+    assert max(ratios) < 1.012 and np.mean(alone) > np.mean(ratios) + 0.004, (ratios, alone)
 
 
 @pytest.mark.parametrize("every", [666, 2000])
