@@ -6,6 +6,7 @@ The stream is SKETCHREC_FLEET_RATINGS ratings (default 100,000) on a 6-partition
 SEND_S seconds while the fleet learns, so that the kill, the join and the stall land mid-stream (the
 time line, not the count, is what the test needs: more ratings only cost CPU)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -150,11 +151,43 @@ class Fleet:
                     proc.send_signal(signal.SIGUSR1)
                 time.sleep(1.0)
                 raise AssertionError(f"timed out waiting for {what}: {behind}\n" + "\n".join(
-                    f"--- {p}:\n{self.log(p, 8000)}" for p in self.alive()))
+                    f"--- {p}:\n{self.log(p, 8000)}" for p in self.alive()) + model_record(self))
             time.sleep(0.2)
 
     def stop(self) -> None:
         stop_processes(self.spawned)
+
+
+def model_record(fleet: Fleet) -> str:
+    """Each process's first lines, and the model topic's and snapshot topic's headers (offset,
+    member, seq, covers, claims; a snapshot's position): what a replica that disagrees with the
+    others read, for a timed-out wait's message (never part of an assertion)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from sketchrec.stream.fleet.model_topic import decode_meta
+    lines = [f"--- {p} (start):\n{fleet.logs[p].read_text()[:3000]}" for p in fleet.logs]
+    for topic in (f"{fleet.topic}.model", f"{fleet.topic}.model.snapshots"):
+        consumer = KafkaConsumer(bootstrap_servers=fleet.bootstrap, enable_auto_commit=False)
+        try:
+            tp = TopicPartition(topic, 0)
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            end, lines = consumer.end_offsets([tp])[tp], lines + [f"--- {topic}:"]
+            deadline = time.monotonic() + 30
+            while consumer.position(tp) < end and time.monotonic() < deadline:
+                for msg in consumer.poll(timeout_ms=2000).get(tp, []):
+                    if topic.endswith(".model"):
+                        meta = decode_meta(msg.headers) or {}
+                        lines.append(f"{msg.offset} {meta.get('member')} #{meta.get('seq')} "
+                                     f"covers={meta.get('covers')} claims={meta.get('claims')}")
+                    elif b'"manifest"' in dict(msg.headers or []).get("sketchrec.snapshot", b""):
+                        state = json.loads(dict(msg.headers)["sketchrec.snapshot"])["meta"]["fleet"]
+                        lines.append(f"{msg.offset} snapshot " + json.dumps(
+                            {k: state[k] for k in ("position", "covered", "owners", "seen")}))
+        except Exception as exc:   # noqa: BLE001 - a record for the message only
+            lines.append(f"({topic} not read: {exc})")
+        finally:
+            consumer.close(autocommit=False)
+    return "\n" + "\n".join(lines)
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict:
