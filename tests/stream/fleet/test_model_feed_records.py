@@ -47,12 +47,15 @@ class _Client:
     and moves past them; a fetch numbered in ``fail`` moves past its records and raises instead
     (the way a client's poll loses what it drained before an error)."""
 
-    def __init__(self, records, fetch, fail=()):
+    def __init__(self, records, fetch, fail=(), lose=()):
         self.records, self.fetch, self.fail, self.pos, self.fetches = records, fetch, set(fail), 0, 0
+        self.lose = set(lose)   # offsets the first fetch that reaches them does not hand over
 
     def _next(self) -> list[Record]:
         got = [r for r in self.records if r.offset >= self.pos][:self.fetch]
         self.pos = got[-1].offset + 1 if got else self.pos
+        lost, self.lose = self.lose & {r.offset for r in got}, self.lose - {r.offset for r in got}
+        got = [r for r in got if r.offset not in lost]   # moved past all the same
         self.fetches += 1
         if self.fetches in self.fail:
             raise self.error("the broker went away mid-fetch")
@@ -81,19 +84,19 @@ class _PythonClient(_Client):
         self.pos = position
 
 
-def _feed(kind: str, records, fetch: int, apply, fail=()) -> ModelFeed:
+def _feed(kind: str, records, fetch: int, apply, fail=(), lose=()) -> ModelFeed:
     if kind == "native":
         reader = NativeReader.__new__(NativeReader)
         reader._errors, reader._error = confluent_kafka, None
         reader.tp = confluent_kafka.TopicPartition("t.model", 0, 0)
-        reader.consumer = _NativeClient(records, fetch, fail)
+        reader.consumer = _NativeClient(records, fetch, fail, lose)
     else:
         reader = PythonReader.__new__(PythonReader)
         reader.tp = kafka.TopicPartition("t.model", 0)
-        reader.consumer = _PythonClient(records, fetch, fail)
+        reader.consumer = _PythonClient(records, fetch, fail, lose)
     feed = ModelFeed.__new__(ModelFeed)
     feed.state, feed.apply, feed.on_origin, feed.bytes_read = FleetState(member="m2"), apply, None, 0
-    feed.reader, feed.consumer = reader, reader.consumer
+    feed.reader, feed.consumer, feed.gap_at = reader, reader.consumer, None
     return feed
 
 
@@ -223,3 +226,24 @@ def test_an_error_pending_from_a_fetch_is_dropped_by_a_seek():
     reader._error = confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT)
     reader.seek(2)
     assert [r.offset for r in reader.poll(0)] == [2, 3]
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_a_record_the_reader_skipped_is_read_again_before_the_ones_after_it(kind, monkeypatch):
+    """A fetch that hands over the records after one it lost: the feed goes back for it, and every
+    delta is settled in order (the coverage a replica judges later deltas on). The broken variant
+    takes what it is handed: the lost delta's partition stays behind and its next delta is refused
+    at this replica alone. A gap the topic does hold is read past on the second read."""
+    records = _good(6)
+    applied = []
+    feed = _feed(kind, records, 3, applied.append, lose={2})
+    assert _drain(feed) == 0
+    assert applied == [r.value for r in records] and feed.state.refused == 0
+    assert feed.state.covered == {"0": 30, "1": 30} and feed.state.position == 6
+    monkeypatch.setattr(ModelFeed, "_skipped", lambda self, offset: False)
+    broken = _feed(kind, records, 3, [].append, lose={2})
+    _drain(broken)
+    assert broken.state.refused > 0 and broken.state.covered != feed.state.covered
+    monkeypatch.undo()
+    holed = _feed(kind, records[:1] + records[2:3], 3, [].append)   # offsets 0 and 2 only
+    assert _drain(holed) == 0 and holed.state.position == 3
