@@ -296,8 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", action="store_true",
                     help="the figures as one JSON line only (the progress lines go to stderr)")
     ap.add_argument("--accuracy", action="store_true",
-                    help="only the fleet's prequential RMSE over one learner's (default learner and DP at "
-                         "epsilon 1, --members sizes, several streams and seeds), in one process, no broker")
+                    help="only the fleet's prequential RMSE over one learner's (default, DP-SGD, LDP, sketch; "
+                         "--members sizes, several streams and seeds), in one process, no broker")
     fleet_results.add_argument(ap)
     args = ap.parse_args(argv)
     fleet_results.check(args)
