@@ -74,7 +74,10 @@ class Catalogue:
         self._journal: list | None = None   # ids first seen since the last take_new (None: not kept)
         self._lock = threading.Lock()
 
-    def add(self, ids, keys: np.ndarray) -> None:
+    def add(self, ids, keys: np.ndarray, journal: bool = True) -> None:
+        """Append the ids not held yet (``keys``: theirs), compacting a full catalogue first.
+        ``journal`` False: those ids are not recorded for ``take_new`` (a fleet replica's items
+        that came with another member's delta, not its own to publish)."""
         uniq, first = np.unique(keys, return_index=True)
         with self._lock:
             known = self._known
@@ -86,7 +89,7 @@ class Catalogue:
                 uniq, first = uniq[fresh], first[fresh]
             new = np.sort(first)
             new_ids = [ids[n].item() if hasattr(ids[n], "item") else ids[n] for n in new]
-            if self._journal is not None:
+            if journal and self._journal is not None:
                 self._journal.extend(new_ids)   # whether a compaction then keeps them or not
             if self.max_items is not None and len(self.ids) + len(new) > self.max_items:
                 self._compact(new_ids, keys[new])
@@ -149,10 +152,10 @@ class Catalogue:
         return self.view()[:2]
 
     def take_new(self) -> list:
-        """The ids first seen since the last call, in first-seen order, whatever compactions
-        renumbered in between (a fleet replica publishes them at each take: rows cannot say
-        which ids are new once a compaction reorders them). The first call starts the record
-        and returns []; a catalogue never asked keeps none.
+        """The ids first seen since the last call (by an ``add`` that journals them), in
+        first-seen order, whatever compactions renumbered in between (a fleet replica publishes
+        them at each take: rows cannot say which ids are new once a compaction reorders them).
+        The first call starts the record and returns []; a catalogue never asked keeps none.
 
         >>> cat = Catalogue(max_items=2, keep=0.5)
         >>> cat.take_new()

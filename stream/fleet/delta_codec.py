@@ -15,8 +15,9 @@ def publish(now: np.ndarray, base: np.ndarray, name: str, dtype=None,
             where: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The entries where ``now`` differs from ``base``, as ``dtype`` (default: the arrays' own),
     in the smallest of three forms: sparse (``name.i`` gaps between flat indices, uint16 when
-    every gap fits, else uint32, which compress well; ``name.v`` values), a bitmap (``name.b``, one bit per entry, little-endian
-    bit order; ``name.v`` values: a delta that moved 1 entry in 8 or more) or dense
+    every gap fits, else uint32 (uint64 past 4 G entries), which compress well; ``name.v``
+    values), a bitmap (``name.b``, one bit per entry, little-endian bit order; ``name.v``
+    values: a delta that moved 1 entry in 8 or more) or dense
     (``name.d``); {} when nothing changed. ``where`` (sorted flat indices) limits the comparison
     to the entries that can have changed. ``base`` becomes ``now``; when ``dtype`` rounds, only
     the values published are added to it, so that what they do not carry goes out with the next

@@ -123,7 +123,6 @@ class DeltaTracker:
         self._params = _params_digest(recommender.model)
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []   # keys learned since the last take
         recommender.catalogue.take_new()   # the items so far count as published
-        self._new: list = []   # items first seen here by learning since the last take
         self._rerank, self._reranked_at = False, 0.0    # popular list: counts moved since / when
         recommender.popularity = _Counted.of(recommender.popularity)
         recommender.observers.append(self._observe)
@@ -156,7 +155,7 @@ class DeltaTracker:
             arrays.update({"seen_pairs": distinct(pair_keys(ukeys, ikeys)),
                            "seen_users": distinct(ukeys), "seen_items": items,
                            "seen_counts": counts.astype(np.uint32)})
-        new_ids, self._new = self._new + rec.catalogue.take_new(), []
+        new_ids = rec.catalogue.take_new()   # first learned here since the last take
         if not arrays and not new_ids:
             return None
         header = {"member": self.member, "seq": self.seq + 1, "params": self._params,
@@ -186,9 +185,8 @@ class DeltaTracker:
         items = header["items"]
         if items:
             cat = _id_array(items)
-            self._new += rec.catalogue.take_new()   # learned here: ours to publish
-            rec.catalogue.add(cat, rec.id_keys.as_keys(cat))   # the model's keys (keyed when private)
-            rec.catalogue.take_new()   # received: not ours
+            # the model's keys (keyed when private); received, so not this replica's to publish
+            rec.catalogue.add(cat, rec.id_keys.as_keys(cat), journal=False)
         self.applied[member] = seq
         if "seen_items" in arrays:
             self._popular_moved()
