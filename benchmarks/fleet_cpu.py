@@ -107,8 +107,10 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
     (decoding included), against one plain learner over the same ratings in chunks of
     ``every``: CPU-microseconds per rating of each step, summed over the replicas, their ratio to
     the plain learner's, and the fleet's prequential RMSE over the plain learner's
-    (``rmse_ratio``: what syncing less often costs in accuracy). Fetching, JSON parsing and Kafka are left out (the same for a
-    plain learner and a member, per rating)."""
+    (``rmse_ratio``: what syncing less often costs in accuracy). Fetching, JSON parsing and Kafka
+    are left out (the same for a plain learner and a member, per rating). ``sides``: what the deltas carry on each side, user
+    and item (``delta_sides``): which state a design that kept one side at its owner would no
+    longer exchange."""
     from sketchrec.models import SketchMF
     from sketchrec.stream.fleet.pace import full_refresh_ratings
     from sketchrec.stream.fleet.tracker import DeltaTracker
@@ -133,6 +135,7 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
         tracker.refresh_every(full_refresh_ratings(every, m))
     parts = [np.flatnonzero(data.users % m == k) for k in range(m)]
     spent, sent, fleet_se = {"learn": 0.0, "take": 0.0, "apply": 0.0}, 0, 0.0
+    sides = DeltaSides()
     for start in range(0, max(map(len, parts)), every):
         blobs = []
         for rec, tracker, part in zip(recs, trackers, parts):
@@ -143,6 +146,7 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
             spent["learn"] += t1 - t0
             spent["take"] += time.process_time() - t1
             sent += len(blobs[-1] or b"")
+            sides.add(blobs[-1])   # (decoded outside the timings)
         t0 = time.process_time()
         for k, tracker in enumerate(trackers):
             for j, blob in enumerate(blobs):
@@ -153,4 +157,43 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
     out = {f"{step}_cpu_us_per_rating": s / n * 1e6 for step, s in spent.items()}
     return {"members": m, "every": every, "plain_cpu_us_per_rating": plain_s / n * 1e6, **out,
             "cpu_per_rating_ratio": sum(spent.values()) / plain_s, "delta_bytes_per_rating": sent / n,
-            "rmse_ratio": float(np.sqrt(fleet_se / plain_se)) if plain_se else 1.0}
+            "rmse_ratio": float(np.sqrt(fleet_se / plain_se)) if plain_se else 1.0,
+            "sides": sides.per(n)}
+
+
+class DeltaSides:
+    """What deltas carry on each side: the distinct users and items each delta's ratings learned
+    (each is a row of cells or a held slot every other replica adds), and the held slots' rows
+    (a held id's residual, d + 1 floats) per rating. Only one side's state is exchanged when the
+    other's rows change at one member only (users owned by the member whose partitions hold
+    them, docs/scaling.md): this says how much of a delta that would leave.
+
+    >>> from sketchrec.models import SketchMF
+    >>> from sketchrec.stream.fleet.tracker import DeltaTracker
+    >>> from sketchrec.stream.recommender import Recommender
+    >>> rec = Recommender(SketchMF(dim=4, width=512), pair_capacity=100)
+    >>> tracker, sides = DeltaTracker(rec), DeltaSides()
+    >>> _ = rec.learn_many(["ann", "ann", "ann"], ["up", "down", "left"], [4.0, 2.0, 3.0])
+    >>> sides.add(tracker.take())
+    >>> sides.per(3)["ids_per_delta"]
+    {'user': 1.0, 'item': 3.0}
+    """
+
+    def __init__(self):
+        self.deltas, self.ids, self.rows = 0, {"user": 0, "item": 0}, {"user": 0, "item": 0}
+
+    def add(self, blob: bytes | None) -> None:
+        from sketchrec.models.base import ITEM, USER
+        from sketchrec.stream.fleet.envelope import decode
+        if not blob:
+            return
+        _, arrays = decode(blob)
+        self.deltas += 1
+        for side, family, seen in (("user", USER, "seen_users"), ("item", ITEM, "seen_items")):
+            self.ids[side] += len(arrays.get(seen, ()))
+            self.rows[side] += int(np.sum(arrays.get("slot_families", np.empty(0)) == family))
+
+    def per(self, ratings: int) -> dict:
+        """``ids_per_delta`` and ``held_rows_per_rating``, per side."""
+        return {"ids_per_delta": {s: n / max(self.deltas, 1) for s, n in self.ids.items()},
+                "held_rows_per_rating": {s: n / max(ratings, 1) for s, n in self.rows.items()}}

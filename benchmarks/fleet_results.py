@@ -28,6 +28,14 @@ ACCURACY_END = "<!-- sketchrec bench fleet --accuracy: end -->"
 FORMS = {"csv_per_message": "1 CSV rating per message"}   # batched_N: "N ratings per message"
 
 
+def _sides(sides: dict | None) -> str:
+    """The breakdown's user and item columns (``fleet_cpu.DeltaSides``; blank in an older report)."""
+    if not sides:
+        return " | |"
+    ids, rows = sides["ids_per_delta"], sides["held_rows_per_rating"]
+    return f"{ids['user']:,.0f} / {ids['item']:,.0f} | {rows['user']:.3f} / {rows['item']:.3f} |"
+
+
 def add_argument(ap: argparse.ArgumentParser) -> None:
     """``--results PAGE`` on the fleet bench's parser."""
     ap.add_argument("--results", type=Path, metavar="PAGE",
@@ -117,13 +125,15 @@ def cpu_markdown(report: dict, command: str, load: str | None = None) -> str:
                   "(the larger of the message forms run)."]
     if report.get("in_process"):
         lines += ["", "In one process, no broker (`--breakdown`), CPU-µs per rating summed over the replicas:", "",
-                  "| M | ratings per take | plain | learn | take | apply | ratio | delta bytes/rating | RMSE over one learner's |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| M | ratings per take | plain | learn | take | apply | ratio | delta bytes/rating "
+                  "| RMSE over one learner's | users / items per delta | held rows per rating, users / items |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for m, b in report["in_process"].items():
             lines.append(f"| {m} | {b['every']:,} | {b['plain_cpu_us_per_rating']:.2f} | "
                          f"{b['learn_cpu_us_per_rating']:.2f} | {b['take_cpu_us_per_rating']:.2f} | "
                          f"{b['apply_cpu_us_per_rating']:.2f} | {b['cpu_per_rating_ratio']:.2f}× | "
-                         f"{b['delta_bytes_per_rating']:.0f} | {b['rmse_ratio']:.4f}× |")
+                         f"{b['delta_bytes_per_rating']:.0f} | {b['rmse_ratio']:.4f}× | "
+                         + _sides(b.get("sides")))
     if "lag_s" in report:
         lag = report["lag_s"]
         lines += ["", f"Produce → serving replica `/predict` lag over {lag['probes']} probes: p50 "

@@ -4,6 +4,7 @@ of /proc (the benchmark itself needs a broker and minutes: `sketchrec bench flee
 import os
 import time
 
+import numpy as np
 import pytest
 
 from sketchrec.benchmarks.fleet import cpu_between, cpu_seconds
@@ -57,6 +58,30 @@ def test_the_in_process_breakdown_counts_every_step_of_the_sync():
     assert b["delta_bytes_per_rating"] > 0
     # syncing every 1,000 ratings, two replicas predict about as well as one learner
     assert 0.9 < b["rmse_ratio"] < 1.1
+
+
+def test_the_breakdown_says_how_many_users_and_items_each_delta_carries():
+    from sketchrec.benchmarks.fleet import sync_breakdown
+    from sketchrec.data import Ratings
+    # four users, each member holding two (user mod 2), whose ratings interleave over 300 items
+    n = 4000
+    rng = np.random.default_rng(3)
+    users = np.arange(n) % 4
+    items = rng.integers(0, 300, n)
+    data = Ratings(users, items, rng.integers(1, 6, n).astype(np.float32), np.arange(n))
+    sides = sync_breakdown(data, 2, 500, dim=8)["sides"]
+    expected = {"user": [], "item": []}
+    for k in range(2):
+        part = np.flatnonzero(users % 2 == k)
+        for start in range(0, len(part), 500):
+            chunk = part[start:start + 500]
+            expected["user"].append(len(np.unique(users[chunk])))
+            expected["item"].append(len(np.unique(items[chunk])))
+    assert sides["ids_per_delta"] == {side: pytest.approx(np.mean(v)) for side, v in expected.items()}
+    assert sides["ids_per_delta"]["user"] == 2
+    # the four users are rated often enough to be held in slots: their rows travel, a few per delta
+    rows = sides["held_rows_per_rating"]
+    assert 0 < rows["user"] <= 2 * len(expected["user"]) / n and rows["item"] > rows["user"]
 
 
 def test_an_unknown_message_form_is_refused_in_one_line_not_left_out(capsys):
