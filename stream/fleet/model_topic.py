@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -69,6 +70,10 @@ from sketchrec.stream.health import log_event
 HEADER = "sketchrec.delta"
 VERSION = 1
 MAX_MESSAGE_BYTES = 64 << 20   # the topic is created allowing messages this large
+# a hole in the model topic is read past only once it has lasted GAP_PATIENCE_S and GAP_READS
+# reads after that still lacked it (``ModelFeed._skipped``)
+GAP_PATIENCE_S, GAP_READS = 10.0, 3
+_now = time.monotonic   # (a test's clock)
 
 
 class Fenced(RuntimeError):
@@ -275,7 +280,10 @@ class ModelFeed:
         self.reader = reader(bootstrap, topic, state.position, MAX_MESSAGE_BYTES)
         self.consumer = self.reader.consumer
         self.bytes_read = 0
-        self.gap_at: int | None = None   # the position a record past it was last handed over at
+        # a hole met at ``gap_at`` (the position a record past it was handed over at): since when,
+        # and how many reads after GAP_PATIENCE_S still lacked it (_skipped)
+        self.gap_at: int | None = None
+        self.gap_since, self.gap_reads = 0.0, 0
 
     def poll(self, timeout_ms: int = 0) -> int:
         """Apply what has arrived; the number of messages read. Each record's outcome depends on
@@ -285,9 +293,10 @@ class ModelFeed:
         ``state.position``, the message after the last one taken, so a retry skips nothing. A
         position the topic no longer holds raises ``Truncated`` (never read past: the readers
         refuse to move to the end). A record handed over past one not yet read sends the reader
-        back for it (``_skipped``); one handed over again is passed over."""
+        back for it (``_skipped``: at once the first time in a poll, then at the next polls,
+        taking nothing past it meanwhile); one handed over again is passed over."""
         from sketchrec.stream.fleet.feed_reader import OutOfRange
-        n, again = 0, True
+        n, again, retried = 0, True, False
         try:
             while again:   # again at once from a record the reader skipped (_skipped)
                 again = False
@@ -295,7 +304,7 @@ class ModelFeed:
                     if msg.offset < self.state.position:   # handed over again: taken already
                         continue
                     if msg.offset > self.state.position and self._skipped(msg.offset):
-                        again = True
+                        again, retried = not retried, True
                         break
                     self._take(msg)
                     n += 1
@@ -312,16 +321,23 @@ class ModelFeed:
     def _skipped(self, offset: int) -> bool:
         """Whether the reader handed over a record past ``state.position`` with the ones between
         missing, and is sent back to read them. The model topic holds no gap of its own (one
-        partition written by idempotent producers, no transactions), and a replica that took
-        the record after a missed one would judge every later delta on another coverage than the
-        others (refusing what they accept, or the reverse). A gap the topic does hold is read
-        past the second time it is met at the same position."""
-        position = self.state.position
-        if self.gap_at == position:
-            log_event("model_topic_gap", logging.WARNING, position=position, offset=offset,
-                      note="no record between them on a second read: read past")
-            return False
-        self.gap_at = position
+        partition, idempotent producers, no transactions), but a broker may hand over the records
+        after one whose write it has not finished (Tansu moves a partition's end before it stores
+        the batch, so members publishing at once can see the later batch first). A replica that
+        took the record after the missing one would judge every later delta on another coverage
+        than the others, for good, and hand that on in its snapshots. So a hole is read past only
+        once it has lasted ``GAP_PATIENCE_S`` and ``GAP_READS`` reads since (a write the broker
+        lost after moving the end)."""
+        position, now = self.state.position, _now()
+        if self.gap_at != position:
+            self.gap_at, self.gap_since, self.gap_reads = position, now, 0
+        elif now - self.gap_since >= GAP_PATIENCE_S:
+            self.gap_reads += 1
+            if self.gap_reads >= GAP_READS:
+                log_event("model_topic_gap", logging.WARNING, position=position, offset=offset,
+                          waited_s=round(now - self.gap_since, 1),
+                          note="no record between them for that long: read past")
+                return False
         self.reader.seek(position)
         return True
 
@@ -337,7 +353,6 @@ class ModelFeed:
 
     def read_through(self, offset: int, timeout: float = 60.0) -> None:
         """Read until the message at ``offset`` is read (e.g. one this member has just written)."""
-        import time
         deadline = time.monotonic() + timeout
         while self.state.position <= offset:
             if time.monotonic() > deadline:

@@ -16,6 +16,7 @@ import pytest
 from sketchrec.models import SketchMF
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet.feed_reader import NativeReader, PythonReader, Record
+from sketchrec.stream.fleet import model_topic
 from sketchrec.stream.fleet.model_topic import HEADER, FleetState, ModelFeed, encode_meta
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.recommender import Recommender
@@ -45,16 +46,20 @@ class _NativeMessage:
 class _Client:
     """A client over ``records`` from its position: each fetch hands over up to ``fetch`` of them
     and moves past them; a fetch numbered in ``fail`` moves past its records and raises instead
-    (the way a client's poll loses what it drained before an error)."""
+    (the way a client's poll loses what it drained before an error). ``lose``: offsets the first
+    fetch that reaches them does not hand over, or {offset: how many fetches that reach it do
+    not} (a broker that lists the batches after one whose write it has not finished)."""
 
     def __init__(self, records, fetch, fail=(), lose=()):
         self.records, self.fetch, self.fail, self.pos, self.fetches = records, fetch, set(fail), 0, 0
-        self.lose = set(lose)   # offsets the first fetch that reaches them does not hand over
+        self.lose = dict(lose) if isinstance(lose, dict) else dict.fromkeys(lose, 1)
 
     def _next(self) -> list[Record]:
         got = [r for r in self.records if r.offset >= self.pos][:self.fetch]
         self.pos = got[-1].offset + 1 if got else self.pos
-        lost, self.lose = self.lose & {r.offset for r in got}, self.lose - {r.offset for r in got}
+        lost = {r.offset for r in got if self.lose.get(r.offset, 0) > 0}
+        for offset in lost:
+            self.lose[offset] -= 1
         got = [r for r in got if r.offset not in lost]   # moved past all the same
         self.fetches += 1
         if self.fetches in self.fail:
@@ -97,6 +102,7 @@ def _feed(kind: str, records, fetch: int, apply, fail=(), lose=()) -> ModelFeed:
     feed = ModelFeed.__new__(ModelFeed)
     feed.state, feed.apply, feed.on_origin, feed.bytes_read = FleetState(member="m2"), apply, None, 0
     feed.reader, feed.consumer, feed.gap_at = reader, reader.consumer, None
+    feed.gap_since, feed.gap_reads = 0.0, 0
     return feed
 
 
@@ -233,7 +239,7 @@ def test_a_record_the_reader_skipped_is_read_again_before_the_ones_after_it(kind
     """A fetch that hands over the records after one it lost: the feed goes back for it, and every
     delta is settled in order (the coverage a replica judges later deltas on). The broken variant
     takes what it is handed: the lost delta's partition stays behind and its next delta is refused
-    at this replica alone. A gap the topic does hold is read past on the second read."""
+    at this replica alone."""
     records = _good(6)
     applied = []
     feed = _feed(kind, records, 3, applied.append, lose={2})
@@ -244,6 +250,53 @@ def test_a_record_the_reader_skipped_is_read_again_before_the_ones_after_it(kind
     broken = _feed(kind, records, 3, [].append, lose={2})
     _drain(broken)
     assert broken.state.refused > 0 and broken.state.covered != feed.state.covered
-    monkeypatch.undo()
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("kind", READERS)
+@pytest.mark.parametrize("fetch", [1, 3, 10])
+def test_a_record_still_missing_when_read_again_is_waited_for(kind, fetch, monkeypatch):
+    """A broker that moves a partition's end before it stores the batch (Tansu) can, while
+    members publish at once, list the batch after one not stored yet, fetch after fetch until
+    the write lands. The feed takes nothing past the hole meanwhile, and every delta settles in
+    order once it is handed over. A replica that read past it would refuse the missing delta's
+    partition for good, and the snapshots it wrote would hand that on to the members restored
+    from them."""
+    clock = _Clock()
+    monkeypatch.setattr(model_topic, "_now", clock)
+    records = _good(6)
+    applied = []
+    feed = _feed(kind, records, fetch, applied.append, lose={2: 4})   # missing from four fetches
+    for _ in range(12):   # polls a few milliseconds apart, as a member's between its chunks
+        feed.poll(0)
+        clock.now += 0.005
+    assert applied == [r.value for r in records] and feed.state.refused == 0
+    assert feed.state.covered == {"0": 30, "1": 30} and feed.state.position == 6
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_a_hole_the_topic_holds_is_read_past_after_the_patience(kind, monkeypatch, caplog):
+    """A record the broker never stores (its end moved, the write lost): read past once it has
+    been missing for GAP_PATIENCE_S and GAP_READS reads after that, one line logged, and what
+    follows counts."""
+    caplog.set_level(logging.WARNING, logger="sketchrec.events")
+    clock = _Clock()
+    monkeypatch.setattr(model_topic, "_now", clock)
+    records = _good(6)
     holed = _feed(kind, records[:1] + records[2:3], 3, [].append)   # offsets 0 and 2 only
-    assert _drain(holed) == 0 and holed.state.position == 3
+    for _ in range(5):
+        holed.poll(0)
+        clock.now += 1.0
+    assert holed.state.position == 1   # within the patience: nothing past the hole
+    clock.now += model_topic.GAP_PATIENCE_S
+    for _ in range(model_topic.GAP_READS + 1):
+        holed.poll(0)
+    assert holed.state.position == 3 and holed.state.refused == 0
+    assert sum("model_topic_gap" in r.getMessage() for r in caplog.records) == 1
