@@ -20,6 +20,7 @@ def run_member(config) -> int:
     from sketchrec.privacy.keys import key_local_ids
     from sketchrec.stream.fleet.member import FleetLearner, new_member_id, open_replica, rebuild
     from sketchrec.stream.fleet.replicas import NoExactReplica
+    from sketchrec.stream.fleet.views import Diverged
     from sketchrec.stream.recommender import Recommender
     prog, settings, fleet = "sketchrec consume", config.model, config.fleet
     member = new_member_id()
@@ -53,7 +54,13 @@ def run_member(config) -> int:
             return 2
         service.health.broker_lost_after = config.broker_lost_after
         service.feedback = topic_feedback(config.bootstrap, config.topic, config.rating_range)
-        learner = join(service)
+        try:
+            learner = join(service)
+        except Diverged as exc:   # its snapshot's writer had read the model topic otherwise
+            print(f"{prog}: {exc}", file=sys.stderr, flush=True)
+            learner = _rejoin(lambda: rebuild(service, config.bootstrap, fleet.model_topic, member,
+                                              bound=config.serving.bound),
+                              lambda: join(service), threading.Event(), service.health)
     except (KafkaError, RuntimeError, TimeoutError) as exc:
         print(f"{prog}: cannot join the fleet on {config.topic!r} at {config.bootstrap}: {exc}",
               file=sys.stderr)

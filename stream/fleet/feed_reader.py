@@ -1,4 +1,4 @@
-"""Readers of the model topic for ``model_topic.ModelFeed``: what a poll costs a learning member.
+"""Readers of the model topic for ``model_feed.ModelFeed``: what a poll costs a learning member.
 
 A member reads the model topic after every sync-sized chunk it learns, whether or not another
 member has published since. With kafka-python every such poll hands work to its network thread

@@ -3,15 +3,14 @@
 Each member learns from the partitions the group gives it and, every ``sync_ms`` or
 ``sync_ratings`` (whichever first), publishes what it learned since its last publish
 (``DeltaTracker.take()``) to the model topic with the input offsets that delta covers
-(``kafka.model_topic``); it adds every other member's accepted delta to its own replica. A
-read-only ``FleetReplica`` (`sketchrec serve --bootstrap … --topic T`) only adds.
+(``model_topic``); it adds every other member's accepted delta to its own replica (``model_feed``).
+A read-only ``FleetReplica`` (`sketchrec serve --bootstrap … --topic T`) only adds.
 
-Pace. A member polls large batches (a small poll waits on a fetch round trip) and learns each in
-chunks of about ``sync_ratings`` ratings, publishing and reading the model topic between chunks;
-each chunk's offsets are stored as it is learned, so what a delta covers stays exact. A member
-holding every partition is the group's only learner: nothing can drift, so it publishes every
-``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among M members, by default, every drift
-budget / (M - 1) ratings (``pace.sync_interval``), M re-read at every poll.
+Pace. A member polls large batches and learns each in chunks of about ``sync_ratings`` ratings,
+publishing and reading the model topic between chunks (each chunk's offsets stored as it is
+learned: what a delta covers stays exact). A member holding every partition is the only learner:
+nothing drifts, so it publishes every ``ALONE`` x ``sync_ratings`` ratings (or ``sync_ms``); among
+M members, by default, every drift budget / (M - 1) ratings (``pace.sync_interval``).
 
 Exactly once across the fleet: the model topic is the record of what has been learned. Before a
 member gives partitions up (a rebalance, a stop) it publishes and waits for the broker's
@@ -21,13 +20,13 @@ covering it (``kafka.model_topic``: after the claim, only the owner's deltas cou
 dies (``kill -9``) loses only what it had not published, and its successor consumes that again. A
 member whose own delta was refused (it was evicted from the group and published late) is
 *fenced*: its replica holds learning the fleet does not, so `consume --fleet` rebuilds it from the
-newest snapshot and the model topic and rejoins the group as a new member (``rebuild``).
+newest snapshot and the model topic and rejoins the group as a new member (``rebuild``); so is a
+member that read the model topic otherwise than the others (``views``).
 
-Snapshots (``kafka.snapshots``) bound the replay on start: the member holding partition 0 writes
-one every ``snapshot_seconds``, right after publishing and reading the model topic back to its
-end, when its replica is exactly the sum of the accepted deltas up to that position. On start a
-member loads the newest snapshot (the very first member writes the empty model as the first one,
-so every replica starts from the same bytes) and reads the model topic from its position.
+Snapshots (``snapshots``): the holder of partition 0 writes one every ``snapshot_seconds``, right
+after publishing and reading the model topic to its end (its replica is then exactly the accepted
+deltas up to there). A member starts from the newest (the first member writes the empty model as
+the first: every replica starts from the same bytes) and reads the model topic from its position.
 """
 
 from __future__ import annotations
@@ -45,7 +44,8 @@ from sketchrec.stream.fleet.replicas import (FleetReplica, TopicSnapshots, ensur
                                              model_producer, new_member_id, open_replica, rebuild,
                                              write_snapshot)
 from sketchrec.stream.kafka.consumer import KafkaLearner
-from sketchrec.stream.fleet.model_topic import HEADER, FleetState, Fenced, ModelFeed, encode_meta
+from sketchrec.stream.fleet.model_feed import ModelFeed
+from sketchrec.stream.fleet.model_topic import HEADER, FleetState, Fenced, encode_meta
 from sketchrec.stream.kafka.intake import finite_errors
 from sketchrec.stream.kafka.offsets import OffsetBook
 from sketchrec.stream.health import log_event
@@ -297,7 +297,7 @@ class FleetLearner(KafkaLearner):
         if not (covers or blob):
             return
         meta = encode_meta(self.state.member, self.seq, covers, self.errors, self.skipped_since,
-                           origin=self.service.take_origin())
+                           origin=self.service.take_origin(), view=self.state.view())
         # an idempotent producer (model_producer): the topic holds the deltas in this order
         self.inflight.append(self.model_producer.send(
             self.model_topic, value=blob or b"", key=self.state.member.encode(), partition=0,
@@ -310,7 +310,7 @@ class FleetLearner(KafkaLearner):
     def _claim(self, tps) -> int:
         """Publish a claim of ``tps`` (after this member's pending deltas); its model offset."""
         meta = encode_meta(self.state.member, self.seq, {}, ErrorStats(), Counter(),
-                           claims=sorted(tp.partition for tp in tps))
+                           claims=sorted(tp.partition for tp in tps), view=self.state.view())
         future = self.model_producer.send(self.model_topic, value=b"", key=self.state.member.encode(),
                                           partition=0, headers=[(HEADER, meta)])
         self.seq += 1

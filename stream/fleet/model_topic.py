@@ -6,9 +6,11 @@ A message is one member's delta since its previous one: the value is the delta b
 letters), the key is the member's id, and the header ``sketchrec.delta`` holds JSON::
 
     {"v": 1, "member": "…", "seq": 7, "covers": {"3": [1200, 1750]}, "errors": {"n": …, "sq": …, "abs": …},
-     "skipped": {"reason": count}, "claims": ["3"]}
+     "skipped": {"reason": count}, "claims": ["3"], "view": [412, "9f…"]}
 
-(``claims`` only in a member's claim, see below; its value is empty.)
+(``claims`` only in a member's claim, see below; its value is empty. ``view``: the member's digest
+of its verdicts on the records before the position it had read to, checked by every reader:
+``views``.)
 
 The privacy ledger of a DP fleet (``FleetState.dp`` set by the first snapshot: the model's unit,
 delta and per-pass noise multiplier) is derived from this topic, so every replica reading it
@@ -58,22 +60,15 @@ True
 from __future__ import annotations
 
 import json
-import logging
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.privacy.ldp import combine
-from sketchrec.stream.health import log_event
 
 HEADER = "sketchrec.delta"
 VERSION = 1
 MAX_MESSAGE_BYTES = 64 << 20   # the topic is created allowing messages this large
-# a hole in the model topic is read past only once it has lasted GAP_PATIENCE_S and GAP_READS
-# reads after that still lacked it (``ModelFeed._skipped``)
-GAP_PATIENCE_S, GAP_READS = 10.0, 3
-_now = time.monotonic   # (a test's clock)
 
 
 class Fenced(RuntimeError):
@@ -106,10 +101,12 @@ def model_topic(topic: str, given: str | None = None) -> str:
 
 
 def encode_meta(member: str, seq: int, covers: dict[int, tuple[int, int]], errors: ErrorStats,
-                skipped: Counter, claims: list[int] = (), origin: dict | None = None) -> bytes:
+                skipped: Counter, claims: list[int] = (), origin: dict | None = None,
+                view: list | None = None) -> bytes:
     """The header of one delta message, or of a claim (see the module docstring); ``origin``:
     how many of its ratings came perturbed on the device or raw, and the local-DP mechanism
-    their headers named (``LearningService.origin``)."""
+    their headers named (``LearningService.origin``); ``view``: the member's [position, digest]
+    (``FleetState.view``, checked by every reader: ``views``)."""
     meta = {"v": VERSION, "member": member, "seq": seq,
             "covers": {str(p): [int(a), int(b)] for p, (a, b) in covers.items()},
             "errors": errors.to_dict(), "skipped": dict(skipped)}
@@ -117,6 +114,8 @@ def encode_meta(member: str, seq: int, covers: dict[int, tuple[int, int]], error
         meta["claims"] = [str(p) for p in claims]
     if origin and (origin.get("perturbed_on_device") or origin.get("raw")):
         meta["origin"] = origin
+    if view:
+        meta["view"] = view
     return json.dumps(meta, separators=(",", ":")).encode()
 
 
@@ -152,6 +151,10 @@ def _check_meta(meta: dict) -> None:
         raise ValueError("delta header: covers is not {partition: [from, to]}")
     if type(meta.get("seq", 0)) is not int or not isinstance(meta.get("claims") or [], list):
         raise ValueError("delta header: seq or claims malformed")
+    view = meta.get("view")
+    if view is not None and not (isinstance(view, list) and len(view) == 2 and type(view[0]) is int
+                                 and isinstance(view[1], str)):
+        raise ValueError("delta header: view is not [position, digest]")
     for name in ("errors", "skipped", "origin"):
         if not isinstance(meta.get(name) or {}, dict):
             raise ValueError(f"delta header: {name} is not an object")
@@ -180,6 +183,21 @@ class FleetState:
     # that mechanism (its first member's --ldp-debias, fixed in the first snapshot)
     origin: dict = field(default_factory=lambda: no_origin())
     ldp_debias: bool = False
+    # the chained digest of this replica's verdicts at ``position`` (``views``: None, unknown)
+    chain: str | None = ""
+
+    def __post_init__(self):
+        from sketchrec.stream.fleet.views import Views   # (it imports this module's Fenced)
+        self.views = Views(self.position, self.chain)
+
+    def passed(self, offset: int, verdict: str) -> None:
+        """The record at ``offset`` was refused ("r") or passed over ("n"): read past it."""
+        self.position = offset + 1
+        self.views.step(offset, verdict)
+
+    def view(self) -> list | None:
+        """[position, digest] for this replica's next header (``views``)."""
+        return self.views.at(self.position)
 
     def duplicate(self, meta: dict) -> bool:
         return meta.get("seq", 0) <= self.seen.get(meta.get("member"), -1)
@@ -207,6 +225,7 @@ class FleetState:
         self.origin["mechanism"] = combine(self.origin["mechanism"], origin.get("mechanism"))
         self.seen[meta.get("member")] = meta.get("seq", 0)
         self.position = offset + 1
+        self.views.step(offset, "a")
 
     def _charge_claim(self, p: str, member: str | None) -> None:
         """A DP fleet's claim of partition ``p``: its first starts a pass; at the user unit a
@@ -246,7 +265,7 @@ class FleetState:
         return {"position": self.position, "covered": self.covered, "errors": self.errors.to_dict(),
                 "skipped": dict(self.skipped), "seen": self.seen, "owners": self.owners,
                 "dp": self.dp, "passes": self.passes, "charged": self.charged,
-                "origin": self.origin, "ldp_debias": self.ldp_debias}
+                "origin": self.origin, "ldp_debias": self.ldp_debias, "chain": self.views.chain}
 
     @classmethod
     def from_dict(cls, d: dict, member: str | None = None) -> "FleetState":
@@ -255,146 +274,9 @@ class FleetState:
                    owners=dict(d.get("owners", {})), dp=d.get("dp"),
                    passes=dict(d.get("passes", {})), charged=list(d.get("charged", [])),
                    origin={**no_origin(), **(d.get("origin") or {})},
-                   ldp_debias=bool(d.get("ldp_debias", False)))
+                   ldp_debias=bool(d.get("ldp_debias", False)), chain=d.get("chain"))
 
 
 def no_origin() -> dict:
     """A ``LearningService.origin`` that has counted nothing."""
     return {"perturbed_on_device": 0, "raw": 0, "mechanism": None}
-
-
-class ModelFeed:
-    """Reads the model topic from ``state.position`` and applies accepted deltas through
-    ``apply(blob)`` (``DeltaTracker.apply``); this member's own deltas are already in its replica
-    and are only settled. ``poll()`` takes what has arrived; ``catch_up()`` reads to the end.
-    ``native``: through librdkafka (``feed_reader.NativeReader``, a learning member: a poll is one
-    C call), else kafka-python (``consumer`` is then the client a health probe reads)."""
-
-    def __init__(self, bootstrap: str, topic: str, state: FleetState, apply, on_origin=None,
-                 native: bool = False):
-        from sketchrec.stream.fleet.feed_reader import NativeReader, PythonReader
-        self.state, self.apply = state, apply
-        self.on_origin = on_origin   # called after settling a delta that names its ratings' origin
-        reader = NativeReader if native else PythonReader
-        self.topic = topic
-        self.reader = reader(bootstrap, topic, state.position, MAX_MESSAGE_BYTES)
-        self.consumer = self.reader.consumer
-        self.bytes_read = 0
-        # a hole met at ``gap_at`` (the position a record past it was handed over at): since when,
-        # and how many reads after GAP_PATIENCE_S still lacked it (_skipped)
-        self.gap_at: int | None = None
-        self.gap_since, self.gap_reads = 0.0, 0
-
-    def poll(self, timeout_ms: int = 0) -> int:
-        """Apply what has arrived; the number of messages read. Each record's outcome depends on
-        the records before it only, never on where a fetch ended: a message that is not a good
-        delta of this model is refused (``_take``), and whatever else a poll raises (the broker's
-        errors, or an error not of the record's making while taking one) leaves the reader at
-        ``state.position``, the message after the last one taken, so a retry skips nothing. A
-        position the topic no longer holds raises ``Truncated`` (never read past: the readers
-        refuse to move to the end). A record handed over past one not yet read sends the reader
-        back for it (``_skipped``: at once the first time in a poll, then at the next polls,
-        taking nothing past it meanwhile); one handed over again is passed over."""
-        from sketchrec.stream.fleet.feed_reader import OutOfRange
-        n, again, retried = 0, True, False
-        try:
-            while again:   # again at once from a record the reader skipped (_skipped)
-                again = False
-                for msg in self.reader.poll(timeout_ms):
-                    if msg.offset < self.state.position:   # handed over again: taken already
-                        continue
-                    if msg.offset > self.state.position and self._skipped(msg.offset):
-                        again, retried = not retried, True
-                        break
-                    self._take(msg)
-                    n += 1
-        except OutOfRange:
-            self.reader.seek(self.state.position)
-            raise Truncated(self.topic, self.state.position,
-                            self.reader.beginning(self.topic, 0)) from None
-        except Exception:
-            # the reader has moved past every record the fetch handed over, taken or not
-            self.reader.seek(self.state.position)
-            raise
-        return n
-
-    def _skipped(self, offset: int) -> bool:
-        """Whether the reader handed over a record past ``state.position`` with the ones between
-        missing, and is sent back to read them. The model topic holds no gap of its own (one
-        partition, idempotent producers, no transactions), but a broker may hand over the records
-        after one whose write it has not finished (Tansu moves a partition's end before it stores
-        the batch, so members publishing at once can see the later batch first). A replica that
-        took the record after the missing one would judge every later delta on another coverage
-        than the others, for good, and hand that on in its snapshots. So a hole is read past only
-        once it has lasted ``GAP_PATIENCE_S`` and ``GAP_READS`` reads since (a write the broker
-        lost after moving the end)."""
-        position, now = self.state.position, _now()
-        if self.gap_at != position:
-            self.gap_at, self.gap_since, self.gap_reads = position, now, 0
-        elif now - self.gap_since >= GAP_PATIENCE_S:
-            self.gap_reads += 1
-            if self.gap_reads >= GAP_READS:
-                log_event("model_topic_gap", logging.WARNING, position=position, offset=offset,
-                          waited_s=round(now - self.gap_since, 1),
-                          note="no record between them for that long: read past")
-                return False
-        self.reader.seek(position)
-        return True
-
-    def catch_up(self, timeout: float = 60.0) -> None:
-        """Read until the end of the topic as it is now."""
-        self.read_through(self.reader.end_offset() - 1, timeout)
-
-    def beginning_offsets(self, tps) -> dict:
-        """The first offset of each of ``tps`` (kafka-python ``TopicPartition`` objects of the input
-        topic), asked through this reader's own client (not the input consumer, whose rebalance
-        callback asks)."""
-        return {tp: self.reader.beginning(tp.topic, tp.partition) for tp in tps}
-
-    def read_through(self, offset: int, timeout: float = 60.0) -> None:
-        """Read until the message at ``offset`` is read (e.g. one this member has just written)."""
-        deadline = time.monotonic() + timeout
-        while self.state.position <= offset:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"model topic: at {self.state.position}, waiting for {offset}")
-            self.poll(200)
-
-    def _take(self, msg) -> None:
-        try:
-            meta = decode_meta(msg.headers)
-        except ValueError as exc:
-            self._refuse(msg, {}, str(exc))
-            return
-        if meta is None or self.state.duplicate(meta):  # not a delta, or a retry's copy
-            self.state.position = msg.offset + 1
-            return
-        mine = meta.get("member") == self.state.member
-        if not self.state.accepts(meta):
-            self._refuse(msg, meta, "its offsets do not continue its partitions' coverage by their owner")
-            if mine:
-                raise Fenced(f"this member's delta at model offset {msg.offset} covers offsets "
-                             "another member had already covered; its replica must be rebuilt")
-            return
-        if not mine and msg.value:
-            try:
-                self.apply(msg.value)
-            except ValueError as exc:
-                # not a delta of this model, or applied already: the same verdict at every replica
-                # (they share the first snapshot's model). A member's own delta is its model's,
-                # so it is settled unread (it is in its replica already)
-                self._refuse(msg, meta, str(exc))
-                return
-        self.bytes_read += len(msg.value or b"")
-        self.state.settle(meta, msg.offset)
-        if meta.get("origin") and self.on_origin is not None:
-            self.on_origin()
-
-    def _refuse(self, msg, meta: dict, why: str) -> None:
-        """A message that counts nowhere: one line, counted (``state.refuse``), read past."""
-        self.state.refuse(meta)
-        self.state.position = msg.offset + 1
-        log_event("delta_refused", logging.WARNING, offset=msg.offset, member=meta.get("member"),
-                  covers=json.dumps(meta.get("covers"), separators=(",", ":")), why=why)
-
-    def close(self) -> None:
-        self.reader.close()

@@ -14,8 +14,9 @@ import uuid
 from sketchrec.models.registry import MODELS
 from sketchrec.stream.checkpoint import operator_parts, restore_operator_parts
 from sketchrec.stream.fleet import snapshots
-from sketchrec.stream.fleet.model_topic import (MAX_MESSAGE_BYTES, FleetState, ModelFeed, Truncated,
-                                                no_origin)
+from sketchrec.stream.fleet.model_feed import ModelFeed
+from sketchrec.stream.fleet.model_topic import MAX_MESSAGE_BYTES, FleetState, Truncated, no_origin
+from sketchrec.stream.fleet.views import Diverged
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.fleet.warm import warm
 from sketchrec.stream.health import log_event
@@ -259,6 +260,9 @@ class TopicSnapshots:
         self.feed.catch_up()
         self.service.tracker.settle()
         state = self.service.fleet
+        if state.views.disputed(state.position):   # this replica may be the one that diverged
+            return Written("held", self.service.ratings_learned,
+                           {"offset": None, "position": state.position, "why": "a member's view differs"})
         offset = write_snapshot(self.producer, self.topic, self.service.recommender, state,
                                 self.service.model_cls.__name__)
         return Written(f"snapshot@{offset}", self.service.ratings_learned,
@@ -300,7 +304,7 @@ class FleetReplica:
                     self.service.tracker.settle()   # read to the end: the popular list too
                 contact = broker_contact(self.feed.consumer)
                 health.polled(contact.answering, contact.why, contact.since)
-            except Truncated as exc:
+            except (Truncated, Diverged) as exc:
                 self._rebuild(exc)
             except Exception as exc:  # noqa: BLE001 - the endpoint keeps serving what it has
                 health.broker_lost(f"{type(exc).__name__}: {exc}")
@@ -313,12 +317,14 @@ class FleetReplica:
         return ModelFeed(self.bootstrap, self.model_topic, service.fleet, service.tracker.apply,
                          service.follow_origin)
 
-    def _rebuild(self, lost: Truncated) -> None:
-        """Serving on from a replica that skipped deltas would be silently stale: unhealthy (the
-        reason on /health) until the newest snapshot plus the model topic replace it."""
+    def _rebuild(self, lost: Truncated | Diverged) -> None:
+        """Serving on from a replica that skipped deltas, or read the topic otherwise than the
+        members (``views``), would be silently stale or wrong: unhealthy (the reason on /health)
+        until the newest snapshot plus the model topic replace it."""
         health = self.service.health
         health.inexact = str(lost)
-        log_event("replica_truncated", logging.ERROR, error=health.inexact)
+        event = "replica_truncated" if isinstance(lost, Truncated) else "replica_diverged"
+        log_event(event, logging.ERROR, error=health.inexact)
         try:
             rebuild(self.service, self.bootstrap, self.model_topic, None, bound=self.bound)
             feed = self._feed()

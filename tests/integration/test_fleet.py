@@ -24,6 +24,7 @@ from sketchrec.data import SyntheticStream
 from sketchrec.stream.kafka.messages import encode_batch
 from sketchrec.stream.kafka.producer import ensure_topic
 from conftest import agreeing_predictions, http, served_port, stop_processes
+from fleet_topics import model_record, views_against_one_reading
 
 N = int(os.environ.get("SKETCHREC_FLEET_RATINGS", 100_000))
 SEND_S = 15.0   # the stream's span: the stalled member's 9 s and its eviction fit inside it
@@ -158,38 +159,6 @@ class Fleet:
         stop_processes(self.spawned)
 
 
-def model_record(fleet: Fleet) -> str:
-    """Each process's first lines, and the model topic's and snapshot topic's headers (offset,
-    member, seq, covers, claims; a snapshot's position): what a replica that disagrees with the
-    others read, for a timed-out wait's message (never part of an assertion)."""
-    from kafka import KafkaConsumer, TopicPartition
-    from sketchrec.stream.fleet.model_topic import decode_meta
-    lines = [f"--- {p} (start):\n{fleet.logs[p].read_text()[:3000]}" for p in fleet.logs]
-    for topic in (f"{fleet.topic}.model", f"{fleet.topic}.model.snapshots"):
-        consumer = KafkaConsumer(bootstrap_servers=fleet.bootstrap, enable_auto_commit=False)
-        try:
-            tp = TopicPartition(topic, 0)
-            consumer.assign([tp])
-            consumer.seek_to_beginning(tp)
-            end, lines = consumer.end_offsets([tp])[tp], lines + [f"--- {topic}:"]
-            deadline = time.monotonic() + 30
-            while consumer.position(tp) < end and time.monotonic() < deadline:
-                for msg in consumer.poll(timeout_ms=2000).get(tp, []):
-                    if topic.endswith(".model"):
-                        meta = decode_meta(msg.headers) or {}
-                        lines.append(f"{msg.offset} {meta.get('member')} #{meta.get('seq')} "
-                                     f"covers={meta.get('covers')} claims={meta.get('claims')}")
-                    elif b'"manifest"' in dict(msg.headers or []).get("sketchrec.snapshot", b""):
-                        state = json.loads(dict(msg.headers)["sketchrec.snapshot"])["meta"]["fleet"]
-                        lines.append(f"{msg.offset} snapshot " + json.dumps(
-                            {k: state[k] for k in ("position", "covered", "owners", "seen")}))
-        except Exception as exc:   # noqa: BLE001 - a record for the message only
-            lines.append(f"({topic} not read: {exc})")
-        finally:
-            consumer.close(autocommit=False)
-    return "\n" + "\n".join(lines)
-
-
 def end_offsets(bootstrap: str, topic: str) -> dict:
     from kafka import KafkaConsumer, TopicPartition
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
@@ -299,6 +268,10 @@ def test_fleet_kill_9_and_join_learn_every_rating_once(kafka_bootstrap, tmp_path
         mark(f"single learner: fleet RMSE {fleet_rmse:.5f}, single {single:.5f}")
         assert abs(fleet_rmse - single) <= 0.01 * single
         mark(f"the stalled member rebuilt its replica: {'rebuilding' in fleet.log(zombie)}")
+        # every member, the joiner and the zombie included, read the topic as a replica reading it
+        # once from the start: each header's view is that replica's digest at its position
+        checked, differing = views_against_one_reading(fleet)
+        assert checked >= 10 and differing == []
     finally:
         for proc in fleet.alive_procs():
             proc.send_signal(signal.SIGCONT)   # a stalled member must wake to obey SIGTERM
@@ -346,7 +319,8 @@ def test_the_model_topic_decides_once_what_counts():
     """Every replica applies the same rule to the same order: a late delta that covers offsets
     already covered (a member that lost its partitions without knowing) counts nowhere, a retry's
     copy counts once, and the member whose own delta is refused learns it is fenced."""
-    from sketchrec.stream.fleet.model_topic import Fenced, FleetState, ModelFeed
+    from sketchrec.stream.fleet.model_feed import ModelFeed
+    from sketchrec.stream.fleet.model_topic import Fenced, FleetState
     feed = object.__new__(ModelFeed)
     applied = []
     feed.state, feed.apply, feed.bytes_read = FleetState(member="me"), applied.append, 0

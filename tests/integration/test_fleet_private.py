@@ -110,7 +110,8 @@ def member_model():
 
 
 def _state(dp):
-    from sketchrec.stream.fleet.model_topic import FleetState, ModelFeed
+    from sketchrec.stream.fleet.model_feed import ModelFeed
+    from sketchrec.stream.fleet.model_topic import FleetState
     feed = object.__new__(ModelFeed)
     feed.state, feed.apply, feed.bytes_read = FleetState(member="me", dp=dp), lambda blob: None, 0
     return feed

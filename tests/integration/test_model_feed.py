@@ -10,8 +10,8 @@ from kafka import KafkaProducer
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet.feed_reader import NativeReader, PythonReader
-from sketchrec.stream.fleet.model_topic import (HEADER, MAX_MESSAGE_BYTES, FleetState, ModelFeed,
-                                                encode_meta)
+from sketchrec.stream.fleet.model_feed import ModelFeed
+from sketchrec.stream.fleet.model_topic import HEADER, MAX_MESSAGE_BYTES, FleetState, encode_meta
 from sketchrec.stream.fleet.replicas import ensure_fleet_topics, model_producer
 from sketchrec.stream.kafka.producer import ensure_topic
 from conftest import wait_for

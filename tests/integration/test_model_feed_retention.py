@@ -18,7 +18,8 @@ import pytest
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet.feed_reader import NativeReader, OutOfRange, PythonReader
-from sketchrec.stream.fleet.model_topic import HEADER, MAX_MESSAGE_BYTES, FleetState, ModelFeed, Truncated, encode_meta
+from sketchrec.stream.fleet.model_feed import ModelFeed
+from sketchrec.stream.fleet.model_topic import HEADER, MAX_MESSAGE_BYTES, FleetState, Truncated, encode_meta
 from conftest import wait_for
 
 confluent_kafka = pytest.importorskip("confluent_kafka")

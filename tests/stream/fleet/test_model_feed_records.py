@@ -1,5 +1,5 @@
 """A model-topic record's outcome depends on the record sequence only, never on where a fetch ended
-(``stream.fleet.model_topic.ModelFeed`` over either reader of ``stream.fleet.feed_reader``): a
+(``stream.fleet.model_feed.ModelFeed`` over either reader of ``stream.fleet.feed_reader``): a
 message that is not a good delta of this model is refused (one line, counted, read past) wherever
 it falls in a poll, and an error that is not the record's leaves the reader where a retry skips
 nothing. The readers' clients are stubs over a list of messages that move past what each fetch
@@ -16,8 +16,10 @@ import pytest
 from sketchrec.models import SketchMF
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.stream.fleet.feed_reader import NativeReader, PythonReader, Record
-from sketchrec.stream.fleet import model_topic
-from sketchrec.stream.fleet.model_topic import HEADER, FleetState, ModelFeed, encode_meta
+from sketchrec.stream.fleet import model_feed
+from sketchrec.stream.fleet.model_feed import ModelFeed
+from sketchrec.stream.fleet.model_topic import HEADER, Fenced, FleetState, encode_meta
+from sketchrec.stream.fleet.views import Diverged
 from sketchrec.stream.fleet.tracker import DeltaTracker
 from sketchrec.stream.recommender import Recommender
 from sketchrec.synthetic import SyntheticStream
@@ -270,7 +272,7 @@ def test_a_record_still_missing_when_read_again_is_waited_for(kind, fetch, monke
     partition for good, and the snapshots it wrote would hand that on to the members restored
     from them."""
     clock = _Clock()
-    monkeypatch.setattr(model_topic, "_now", clock)
+    monkeypatch.setattr(model_feed, "_now", clock)
     records = _good(6)
     applied = []
     feed = _feed(kind, records, fetch, applied.append, lose={2: 4})   # missing from four fetches
@@ -288,15 +290,88 @@ def test_a_hole_the_topic_holds_is_read_past_after_the_patience(kind, monkeypatc
     follows counts."""
     caplog.set_level(logging.WARNING, logger="sketchrec.events")
     clock = _Clock()
-    monkeypatch.setattr(model_topic, "_now", clock)
+    monkeypatch.setattr(model_feed, "_now", clock)
     records = _good(6)
     holed = _feed(kind, records[:1] + records[2:3], 3, [].append)   # offsets 0 and 2 only
     for _ in range(5):
         holed.poll(0)
         clock.now += 1.0
     assert holed.state.position == 1   # within the patience: nothing past the hole
-    clock.now += model_topic.GAP_PATIENCE_S
-    for _ in range(model_topic.GAP_READS + 1):
+    clock.now += model_feed.GAP_PATIENCE_S
+    for _ in range(model_feed.GAP_READS + 1):
         holed.poll(0)
     assert holed.state.position == 3 and holed.state.refused == 0
     assert sum("model_topic_gap" in r.getMessage() for r in caplog.records) == 1
+
+
+def _viewed(members: list[str], n: int) -> list[Record]:
+    """``n`` deltas of ``members`` in turn, each continuing its own partition's coverage, each
+    header carrying its member's view: the digest of a replica that had read every record before
+    it (``FleetState.view``), as a member publishes."""
+    ref, records = FleetState(member="publisher"), []
+    for k in range(n):
+        member, p = members[k % len(members)], k % len(members)
+        covers = {p: (10 * (k // len(members)), 10 * (k // len(members) + 1))}
+        header = encode_meta(member, k // len(members), covers, ErrorStats(n=1, sq=1.0, abs=1.0), {},
+                             view=ref.view())
+        records.append(_record(k, member, 0, {}, b"d%d" % k, header))
+        ref.settle(json.loads(header), k)
+    return records
+
+
+def _read_until_diverged(feed: ModelFeed):
+    """Poll to the end; the ``Diverged`` raised on the way (None if none)."""
+    for _ in range(50):
+        try:
+            if feed.poll(0) == 0:
+                return None
+        except Diverged as exc:
+            return exc
+    raise AssertionError("the feed never reached the end")
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_a_replica_that_read_past_a_record_is_told_apart_by_the_other_members_views(kind, monkeypatch, caplog):
+    """Each delta carries its member's digest of the verdicts before it; a replica that decided the
+    records as every member did agrees with all of them and ends with their state. The broken
+    variant reads past a record its fetch lost (as the model feed did on a second read): from
+    there on every other member's view differs from its own, and once every member it heard from
+    lately disagrees (two at least) it raises Diverged (a member is then fenced and rebuilt)
+    instead of refusing one member's deltas for good."""
+    caplog.set_level(logging.WARNING, logger="sketchrec.events")
+    records = _viewed(["m1", "m3", "m4"], 12)
+    healthy = _feed(kind, records, 3, [].append, lose={4: 1})
+    assert _read_until_diverged(healthy) is None
+    assert healthy.state.refused == 0 and healthy.state.covered == {"0": 40, "1": 40, "2": 40}
+    assert all(ok for _, ok in healthy.state.views.members.values()) and len(healthy.state.views.members) == 3
+    monkeypatch.setattr(ModelFeed, "_skipped", lambda self, offset: False)
+    broken = _feed(kind, records, 3, [].append, lose={4: 1})
+    exc = _read_until_diverged(broken)
+    assert isinstance(exc, Diverged) and isinstance(exc, Fenced) and "otherwise than 3 other members" in str(exc)
+    assert not any(ok for _, ok in broken.state.views.members.values())   # each agreed until the hole
+    assert broken.state.position < len(records)   # stopped at the evidence, not read to the end
+    assert sum("view_mismatch" in r.getMessage() for r in caplog.records) == 3
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_one_member_disagreeing_is_logged_not_acted_on(kind, monkeypatch, caplog):
+    """With one other member (a fleet of two) a disagreement cannot say which side read wrong:
+    one line names the member, and reading goes on."""
+    caplog.set_level(logging.WARNING, logger="sketchrec.events")
+    monkeypatch.setattr(ModelFeed, "_skipped", lambda self, offset: False)
+    broken = _feed(kind, _viewed(["m1"], 6), 2, [].append, lose={2: 1})
+    assert _read_until_diverged(broken) is None and broken.state.position == 6
+    assert [r.getMessage().count("member=m1") for r in caplog.records if "view_mismatch" in r.getMessage()] == [1]
+
+
+def test_a_snapshot_carries_the_digest_and_one_without_it_checks_nothing():
+    state = FleetState(member="a")
+    for k, record in enumerate(_viewed(["m1", "m3"], 4)):
+        state.settle(json.loads(dict(record.headers)[HEADER]), k)
+    restored = FleetState.from_dict(state.to_dict(), "b")
+    assert restored.view() == state.view() and restored.view()[0] == 4
+    old = state.to_dict()
+    del old["chain"]   # written before digests existed
+    unknown = FleetState.from_dict(old, "b")
+    assert unknown.view() is None
+    assert unknown.views.judge("m1", state.view(), 4) is None and unknown.views.members == {}
