@@ -24,7 +24,9 @@ class ModelFeed:
     ``apply(blob)`` (``DeltaTracker.apply``); this member's own deltas are already in its replica
     and are only settled. ``poll()`` takes what has arrived; ``catch_up()`` reads to the end.
     ``native``: through librdkafka (``feed_reader.NativeReader``, a learning member: a poll is one
-    C call), else kafka-python (``consumer`` is then the client a health probe reads)."""
+    C call), else kafka-python (``consumer`` is then the client a health probe reads). Every
+    other member's header's view is judged against this replica's (``views``): a replica that
+    every member heard from lately contradicts raises ``Diverged`` (a ``Fenced``) from a poll."""
 
     def __init__(self, bootstrap: str, topic: str, state: FleetState, apply, on_origin=None,
                  native: bool = False):
