@@ -108,9 +108,9 @@ def sync_breakdown(data: Ratings, m: int, every: int, dim: int = 64) -> dict:
     ``every``: CPU-microseconds per rating of each step, summed over the replicas, their ratio to
     the plain learner's, and the fleet's prequential RMSE over the plain learner's
     (``rmse_ratio``: what syncing less often costs in accuracy). Fetching, JSON parsing and Kafka
-    are left out (the same for a plain learner and a member, per rating). ``sides``: what the deltas carry on each side, user
-    and item (``delta_sides``): which state a design that kept one side at its owner would no
-    longer exchange."""
+    are left out (the same for a plain learner and a member, per rating). ``sides``: what the
+    deltas carry on the user side and on the item side (``DeltaSides``): which state a design
+    that kept one side at its owner would no longer exchange."""
     from sketchrec.models import SketchMF
     from sketchrec.stream.fleet.pace import full_refresh_ratings
     from sketchrec.stream.fleet.tracker import DeltaTracker

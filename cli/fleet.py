@@ -42,6 +42,13 @@ def run_member(config) -> int:
                             fleet.model_topic, fleet.sync_ms, fleet.snapshot_seconds, fleet.sync_ratings,
                             dead_topic=config.dead_topic, rating_range=config.rating_range)
 
+    def rejoin(service, as_member: str, stopping: threading.Event) -> FleetLearner | None:
+        """``service``'s replica rebuilt from the newest snapshot and the model topic, joined as
+        ``as_member`` (``_rejoin``: tried again while the broker is away, None once ``stopping``)."""
+        return _rejoin(lambda: rebuild(service, config.bootstrap, fleet.model_topic, as_member,
+                                       bound=config.serving.bound),
+                       lambda: join(service), stopping, service.health)
+
     try:
         service = config.serving.bound(open_replica(config.bootstrap, fleet.model_topic, empty, member,
                                                     dp=ledger, ldp_debias=config.ldp_debias))
@@ -58,9 +65,7 @@ def run_member(config) -> int:
             learner = join(service)
         except Diverged as exc:   # its snapshot's writer had read the model topic otherwise
             print(f"{prog}: {exc}", file=sys.stderr, flush=True)
-            learner = _rejoin(lambda: rebuild(service, config.bootstrap, fleet.model_topic, member,
-                                              bound=config.serving.bound),
-                              lambda: join(service), threading.Event(), service.health)
+            learner = rejoin(service, member, threading.Event())
     except (KafkaError, RuntimeError, TimeoutError) as exc:
         print(f"{prog}: cannot join the fleet on {config.topic!r} at {config.bootstrap}: {exc}",
               file=sys.stderr)
@@ -87,9 +92,7 @@ def run_member(config) -> int:
                   f"snapshot and the model topic, rejoining as {member}", file=sys.stderr, flush=True)
             # a fleet member serves from its own process (serving.shared.shareable), whose
             # endpoint reads service.recommender at every request: the swap is all it needs
-            rejoined = _rejoin(lambda: rebuild(service, config.bootstrap, fleet.model_topic, member,
-                                               bound=config.serving.bound),
-                               lambda: join(service), stopping, service.health)
+            rejoined = rejoin(service, member, stopping)
             if rejoined is None:
                 break   # stopped while the broker was still away
             learner = current[0] = rejoined

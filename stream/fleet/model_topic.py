@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from sketchrec.models.metrics import ErrorStats
 from sketchrec.privacy.ldp import combine
@@ -183,15 +183,17 @@ class FleetState:
     # that mechanism (its first member's --ldp-debias, fixed in the first snapshot)
     origin: dict = field(default_factory=lambda: no_origin())
     ldp_debias: bool = False
-    # the chained digest of this replica's verdicts at ``position`` (``views``: None, unknown)
-    chain: str | None = ""
+    # the chained digest of this replica's verdicts at ``position`` (None: unknown), kept from
+    # then on by ``views`` (``views.chain``)
+    chain: InitVar[str | None] = ""
 
-    def __post_init__(self):
+    def __post_init__(self, chain: str | None):
         from sketchrec.stream.fleet.views import Views   # (it imports this module's Fenced)
-        self.views = Views(self.position, self.chain)
+        self.views = Views(self.position, chain)
 
     def passed(self, offset: int, verdict: str) -> None:
-        """The record at ``offset`` was refused ("r") or passed over ("n"): read past it."""
+        """The record at ``offset`` was decided: taken ("a", by ``settle``), refused ("r") or
+        passed over ("n"); the next position, and the verdict chained (``views``)."""
         self.position = offset + 1
         self.views.step(offset, verdict)
 
@@ -224,8 +226,7 @@ class FleetState:
             self.origin[key] += int(origin.get(key, 0))
         self.origin["mechanism"] = combine(self.origin["mechanism"], origin.get("mechanism"))
         self.seen[meta.get("member")] = meta.get("seq", 0)
-        self.position = offset + 1
-        self.views.step(offset, "a")
+        self.passed(offset, "a")
 
     def _charge_claim(self, p: str, member: str | None) -> None:
         """A DP fleet's claim of partition ``p``: its first starts a pass; at the user unit a
